@@ -1,0 +1,1 @@
+"""LightningDataModules: wire a source, transform stacks and a collate into Lightning's hooks."""

@@ -1,0 +1,115 @@
+"""ImageDataModule: source + transform stacks + collate -> Lightning's data hooks.
+
+    prepare_data()             once per node (local rank 0): source.prepare() scans and caches
+    setup(stage)               every rank: source.split() -> RecordSet -> SampleDataset
+    *_dataloader()             DataLoader with the resolved loader knobs
+    on_after_batch_transfer()  the batch stack, on the device: uint8 -> float, normalise
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
+from datamodules.samples import OnBadSample, SampleDataset
+from transforms.collate import Batch, DefaultCollate
+from transforms.stacks import TransformStacks
+
+log = logging.getLogger(__name__)
+
+
+class ImageDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source,
+        transforms: TransformStacks | None = None,
+        collate=None,
+        batch_size: int = 64,
+        global_batch_size: int | None = None,
+        num_workers="auto",
+        pin_memory="auto",
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = 2,
+        on_bad_sample="skip",
+        multiprocessing_context: str | None = None,
+        drop_last: bool = False,
+    ):
+        super().__init__()
+        self.source = source
+        self.transforms = transforms or TransformStacks()
+        self.collate = collate or DefaultCollate()
+        self.batch_size = int(batch_size)
+        self.global_batch_size = global_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = bool(persistent_workers)
+        self.prefetch_factor = prefetch_factor
+        self.on_bad_sample = OnBadSample.parse(on_bad_sample)
+        self.multiprocessing_context = multiprocessing_context
+        self.drop_last = bool(drop_last)
+        resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
+        resolve_pin_memory(pin_memory, False)
+        self.datasets: dict[str, SampleDataset] = {}
+
+    @property
+    def classes(self) -> list[str]:
+        return self.source.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",)}.get(stage or "fit", ("train", "val"))
+        for split in wanted:
+            if split not in self.datasets:
+                transform = self.transforms.train if split == "train" else self.transforms.eval
+                self.datasets[split] = SampleDataset(self.source.split(split), transform, self.on_bad_sample)
+                log.info("%s split: %d samples", split, len(self.datasets[split]))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True, drop_last=self.drop_last)
+
+    def val_dataloader(self):
+        if not len(self.datasets["val"]):
+            return []  # source.val_fraction=0 and no val_root: nothing to validate on
+        return self._loader("val", shuffle=False, drop_last=False)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if self.transforms.batch is not None and isinstance(batch, Batch):
+            batch = batch._replace(image=self.transforms.batch(batch.image))
+        return batch
+
+    # -- knobs resolved against the trainer -------------------------------------------------------
+    def _world(self) -> tuple[int, int, bool]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 1, False
+        on_gpu = type(trainer.accelerator).__name__ == "CUDAAccelerator"
+        return trainer.world_size, max(1, trainer.num_devices), on_gpu
+
+    def loader_settings(self) -> dict:
+        world_size, devices, on_gpu = self._world()
+        workers = resolve_num_workers(self.num_workers, devices)
+        settings = {
+            "batch_size": per_device_batch_size(self.batch_size, self.global_batch_size, world_size),
+            "num_workers": workers,
+            "pin_memory": resolve_pin_memory(self.pin_memory, on_gpu),
+            "collate_fn": self.collate,
+        }
+        if workers:
+            settings["persistent_workers"] = self.persistent_workers
+            settings["prefetch_factor"] = self.prefetch_factor
+            settings["multiprocessing_context"] = self.multiprocessing_context
+        return settings
+
+    def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
+        if split not in self.datasets:
+            self.setup("fit")
+        return DataLoader(self.datasets[split], shuffle=shuffle, drop_last=drop_last, **self.loader_settings())

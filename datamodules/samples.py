@@ -1,0 +1,80 @@
+"""SampleDataset: record -> decoded uint8 image -> per-sample transforms, with the bad-sample policy."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import Enum
+
+from torch.utils.data import Dataset
+
+from transforms.decode import DecodeError, decode
+
+log = logging.getLogger(__name__)
+
+# How many following samples a skipped one may be replaced by before the run is stopped.
+MAX_SUBSTITUTES = 16
+
+
+class OnBadSample(str, Enum):
+    skip = "skip"
+    raise_ = "raise"
+
+    @classmethod
+    def parse(cls, value) -> OnBadSample:
+        value = getattr(value, "value", value)
+        for member in cls:
+            if member.value == value:
+                return member
+        raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise")
+
+
+class BadSampleError(RuntimeError):
+    """A sample could not be read or decoded; the message names its path."""
+
+
+class SampleDataset(Dataset):
+    """Reads ``records[i]``, decodes it and applies ``transform``.
+
+    A sample that cannot be read or decoded is reported by path. With ``on_bad_sample=skip`` it is
+    replaced by the next readable sample, so batch shapes (and DDP ranks) stay in step; with ``raise``
+    the error stops the run. Errors inside the transforms are configuration errors and always raise.
+    """
+
+    def __init__(self, records, transform: Callable | None = None, on_bad_sample="skip"):
+        self.records = records
+        self.transform = transform
+        self.on_bad_sample = OnBadSample.parse(on_bad_sample)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _decode(self, i: int):
+        payload, label = self.records[i]
+        return decode(payload), label
+
+    def __getitem__(self, i: int):
+        try:
+            image, label = self._decode(i)
+        except (OSError, DecodeError) as err:
+            path = self.records.describe(i)
+            if self.on_bad_sample is OnBadSample.raise_:
+                raise BadSampleError(
+                    f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
+                ) from err
+            log.warning("skipping bad sample %s: %s", path, err)
+            image, label = self._substitute(i, path)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+    def _substitute(self, i: int, path: str):
+        n = len(self)
+        for k in range(1, min(MAX_SUBSTITUTES, n - 1) + 1):
+            try:
+                return self._decode((i + k) % n)
+            except (OSError, DecodeError) as err:
+                log.warning("skipping bad sample %s: %s", self.records.describe((i + k) % n), err)
+        raise BadSampleError(
+            f"bad sample {path}, and the {MAX_SUBSTITUTES} samples after it are unreadable too: check the data"
+        )

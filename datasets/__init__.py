@@ -1,0 +1,1 @@
+"""Sources: where samples live. Each implements ``classes``, ``prepare()`` and ``split(name)``."""

@@ -1,0 +1,132 @@
+"""The ``folder`` source: a class-folder tree (``root/<class>/**/<image>``) read through a cached index.
+
+Classes, sample order and labels are those of torchvision ``ImageFolder`` on the same tree, so a
+checkpoint trained on one reads the other. The index is built once per node in ``prepare()`` and
+memory-mapped by every rank and worker after that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from datasets.index import REFRESH_MODES, FolderIndex, PackedIndex, open_index
+from datasets.records import LazyArray, read_bytes
+from datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
+from datasets.splits import cached_split
+
+SPLITS = ("train", "val")
+
+
+class FolderRecords:
+    """One split of a folder index: index arrays and the root, never a list of samples."""
+
+    def __init__(self, index: PackedIndex, root: str, subset: LazyArray | None = None, label_map=None):
+        self.index = PackedIndex(index.directory)
+        self.root = root
+        self.subset = subset
+        self.label_map = tuple(label_map) if label_map is not None else None
+
+    def __len__(self) -> int:
+        return len(self.subset.array) if self.subset is not None else len(self.index)
+
+    def _position(self, i: int) -> int:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        return int(self.subset.array[i]) if self.subset is not None else i % len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        j = self._position(i)
+        label = self.index.label(j)
+        if self.label_map is not None:
+            label = self.label_map[label]
+        return read_bytes(os.path.join(self.root, self.index.relpath(j))), label
+
+    def describe(self, i: int) -> str:
+        return os.path.join(self.root, self.index.relpath(self._position(i)))
+
+
+class FolderSource:
+    """Class folders under ``root``; val from ``val_root`` or a seeded, stratified ``val_fraction``."""
+
+    def __init__(
+        self,
+        root: str,
+        val_root: str | None = None,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        extensions=IMG_EXTENSIONS,
+        cache_dir: str | None = None,
+        refresh: str = "auto",
+    ):
+        self.root = os.path.abspath(os.path.expanduser(str(root)))
+        self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
+        self.val_fraction = float(val_fraction)
+        self.seed = int(seed)
+        self.extensions = normalize_extensions(extensions)
+        self.cache_dir = cache_dir
+        self.refresh = str(refresh)
+        if self.refresh not in REFRESH_MODES:
+            raise ValueError(f"source.refresh={refresh!r} is not one of: {', '.join(REFRESH_MODES)}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"source.val_fraction={val_fraction} must be in [0, 1)")
+        if self.val_root and self.val_fraction:
+            self.val_fraction = 0.0  # val comes from val_root; train keeps every sample of root
+        self._indexes: dict[str, FolderIndex] = {}
+        self._check_roots()
+
+    def _check_roots(self) -> None:
+        for key, path in (("source.root", self.root), ("source.val_root", self.val_root)):
+            if path is not None and not os.path.isdir(path):
+                what = "is not a directory" if os.path.exists(path) else "does not exist"
+                raise FileNotFoundError(f"{key} '{path}' {what} (set {key}=... or check the path)")
+
+    @property
+    def classes(self) -> list[str]:
+        if self.root in self._indexes:
+            return self._indexes[self.root].classes
+        classes = list_classes(self.root)
+        if not classes:
+            raise FileNotFoundError(
+                f"source.root '{self.root}' has no class folders: expected {self.root}/<class>/<image>"
+            )
+        return classes
+
+    def prepare(self) -> None:
+        """Build (or refresh) the index of every root. Run once per node; safe to run concurrently."""
+        self._indexes.clear()
+        for key, path in (("source.root", self.root), ("source.val_root", self.val_root)):
+            if path is not None:
+                self._index(path, key)
+
+    def _index(self, path: str, key: str) -> FolderIndex:
+        if path not in self._indexes:
+            self._indexes[path] = open_index(path, self.extensions, self.cache_dir, self.refresh, key=key)
+        return self._indexes[path]
+
+    def split(self, name: str) -> FolderRecords:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; sources have {', '.join(SPLITS)}")
+        index = self._index(self.root, "source.root")
+        if name == "val" and self.val_root:
+            return self._val_root_records(index)
+        if name == "train" and not self.val_fraction:
+            return FolderRecords(index, self.root)
+        path = cached_split(index.directory, index.counts, self.val_fraction, self.seed, name)
+        return FolderRecords(index, self.root, subset=LazyArray(path))
+
+    def _val_root_records(self, train: FolderIndex) -> FolderRecords:
+        val = self._index(self.val_root, "source.val_root")
+        if val.classes == train.classes:
+            return FolderRecords(val, self.val_root)
+        unknown = sorted(set(val.classes) - set(train.classes))
+        if unknown:
+            raise ValueError(
+                f"source.val_root '{self.val_root}' has classes that source.root lacks: {', '.join(unknown[:10])}"
+            )
+        position = {c: i for i, c in enumerate(train.classes)}
+        return FolderRecords(val, self.val_root, label_map=[position[c] for c in val.classes])
+
+    def __repr__(self) -> str:
+        return f"FolderSource(root={self.root!r}, val_root={self.val_root!r}, val_fraction={self.val_fraction})"

@@ -1,0 +1,302 @@
+"""The packed folder index: build it once, map it everywhere.
+
+One directory per indexed root, under ``<cache_dir>/folder-index/``:
+
+    paths.npy    uint8    every relative path, UTF-8, concatenated
+    offsets.npy  int64    N+1 offsets into paths.npy
+    labels.npy   int16/32 N class indices
+    dirs.json             [relative dir, mtime_ns] of every directory: the staleness signature
+    meta.json             root, classes, per-class counts, extensions, format version; written last
+
+A build writes into a temporary directory beside the final one and renames it into place, so readers
+never see half an index and concurrent builders both end with a valid one. Readers map the arrays with
+numpy (``mmap_mode="r"``): every rank and DataLoader worker shares the same page-cache pages.
+
+    python -m datasets.index ROOT [--cache-dir D] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree, stale_dirs
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+REFRESH_MODES = ("auto", "always", "never")
+# Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
+# window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
+RACY_WINDOW_NS = 50_000_000
+_ARRAYS = ("paths", "offsets", "labels")
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("FEEDLINE_CACHE_DIR") or os.path.join("~", ".cache", "feedline")
+
+
+def index_dir(root: str, extensions, cache_dir: str | None) -> Path:
+    """Where the index of ``root`` lives: one directory per (absolute root, extensions)."""
+    root = os.path.abspath(os.path.expanduser(root))
+    key = json.dumps([root, sorted(normalize_extensions(extensions))])
+    digest = hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    base = Path(os.path.expanduser(cache_dir or default_cache_dir())) / "folder-index"
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(root) or "root")
+    return base / f"{name[:40]}-{digest}"
+
+
+class PackedIndex:
+    """The mapped arrays of one index directory.
+
+    It pickles as its directory name and maps the arrays lazily in the process that reads, so sending it
+    to a spawned worker costs a few bytes, and forked workers share pages instead of copying a list.
+    """
+
+    __slots__ = ("directory", "_arrays")
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = str(directory)
+        self._arrays = None
+
+    def __getstate__(self):
+        return self.directory
+
+    def __setstate__(self, directory):
+        self.__init__(directory)
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = tuple(
+                np.load(os.path.join(self.directory, f"{name}.npy"), mmap_mode="r") for name in _ARRAYS
+            )
+        return self._arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[1]) - 1
+
+    def relpath(self, i: int) -> str:
+        paths, offsets, _ = self.arrays
+        return paths[offsets[i] : offsets[i + 1]].tobytes().decode("utf-8", "surrogateescape")
+
+    def label(self, i: int) -> int:
+        return int(self.arrays[2][i])
+
+
+class FolderIndex(PackedIndex):
+    """An index with its metadata, as the source sees it in the main process."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        with open(os.path.join(self.directory, "meta.json"), encoding="utf-8") as f:
+            self.meta = json.load(f)
+
+    def __getstate__(self):
+        return self.directory
+
+    def __setstate__(self, directory):
+        self.__init__(directory)
+
+    @property
+    def root(self) -> str:
+        return self.meta["root"]
+
+    @property
+    def classes(self) -> list[str]:
+        return self.meta["classes"]
+
+    @property
+    def counts(self) -> list[int]:
+        return self.meta["counts"]
+
+    def __len__(self) -> int:
+        return self.meta["num_samples"]
+
+    def dirs(self) -> list[tuple[str, int]]:
+        with open(os.path.join(self.directory, "dirs.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+
+def problem(directory: Path) -> str | None:
+    """Why the index at ``directory`` cannot be trusted, or None when it is sound. O(1) in samples."""
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        return "missing"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            return f"format {meta.get('format')!r}, expected {FORMAT}"
+        n = meta["num_samples"]
+        paths, offsets, labels = PackedIndex(directory).arrays
+        if offsets.shape != (n + 1,) or labels.shape != (n,):
+            return "array lengths disagree with meta.json"
+        if offsets[0] != 0 or offsets[-1] != paths.shape[0]:
+            return "offsets do not span paths.npy"
+        if sum(meta["counts"]) != n or len(meta["counts"]) != len(meta["classes"]):
+            return "class counts disagree with meta.json"
+        json.loads((directory / "dirs.json").read_text(encoding="utf-8"))
+    except Exception as err:  # any unreadable piece means: rebuild, never crash
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def build(root: str, extensions, dest: Path) -> FolderIndex:
+    """Scan ``root`` and publish its index at ``dest`` atomically."""
+    root = os.path.abspath(os.path.expanduser(root))
+    extensions = normalize_extensions(extensions)
+    for attempt in range(2):
+        started = time.time_ns()
+        scan = scan_tree(root, extensions)
+        racy = [d for d, mtime in scan.dirs if mtime >= started - RACY_WINDOW_NS]
+        if not racy:
+            break
+        if attempt == 0:  # changed just now: list again once the timestamp tick has passed
+            time.sleep(RACY_WINDOW_NS / 1e9)
+            continue
+        # Still changing: keep what we saw, but force a re-scan on the next load of these directories.
+        scan.dirs = [(d, -1 if d in set(racy) else m) for d, m in scan.dirs]
+    _check_not_empty(root, scan, extensions)
+    seconds = (time.time_ns() - started) / 1e9
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=_ensure_dir(dest.parent)))
+    try:
+        _write(tmp, root, extensions, scan, started, seconds)
+        _publish(tmp, dest, started)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("indexed %d files in %d classes under %s in %.2fs", len(scan.files), len(scan.classes), root, seconds)
+    return FolderIndex(dest)
+
+
+def _ensure_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _check_not_empty(root: str, scan: TreeScan, extensions) -> None:
+    hint = f"supported extensions: {', '.join(extensions)}; set source.extensions=[...] to change them"
+    if not scan.classes:
+        raise FileNotFoundError(
+            f"source.root '{root}' has no class folders: expected {root}/<class>/<image> ({hint})"
+        )
+    empty = [c for c, n in zip(scan.classes, scan.counts) if n == 0]
+    if len(empty) == len(scan.classes):
+        raise FileNotFoundError(f"Found 0 images in the class folders of source.root '{root}' ({hint})")
+    if empty:
+        shown = ", ".join(os.path.join(root, c) for c in empty[:5])
+        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        raise FileNotFoundError(
+            f"{len(empty)} class folder(s) of source.root '{root}' hold no images: {shown}{more} "
+            f"(remove them or add images; {hint})"
+        )
+
+
+def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, seconds: float) -> None:
+    encoded = [p.encode("utf-8", "surrogateescape") for p in scan.files]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    label_dtype = np.int16 if len(scan.classes) < 2**15 else np.int32
+    np.save(tmp / "paths.npy", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+    np.save(tmp / "offsets.npy", offsets)
+    np.save(tmp / "labels.npy", np.asarray(scan.labels, dtype=label_dtype))
+    (tmp / "dirs.json").write_text(json.dumps(scan.dirs), encoding="utf-8")
+    meta = {
+        "format": FORMAT,
+        "root": root,
+        "classes": scan.classes,
+        "counts": scan.counts,
+        "num_samples": len(scan.files),
+        "extensions": list(extensions),
+        "scan_started_ns": started,
+        "build_seconds": round(seconds, 3),
+        "symlink_loops": scan.loops,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")  # last
+
+
+def _publish(tmp: Path, dest: Path, started: int) -> None:
+    """Rename ``tmp`` to ``dest``. If another builder got there first with an index at least as new, keep
+    theirs; an older or broken one is moved aside first (open memory maps of it stay valid)."""
+    for _ in range(5):
+        try:
+            os.rename(tmp, dest)
+            return
+        except OSError:
+            if not dest.exists():
+                continue
+        if problem(dest) is None and FolderIndex(dest).meta["scan_started_ns"] >= started:
+            return
+        aside = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.time_ns()}")
+        try:
+            os.rename(dest, aside)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+    raise RuntimeError(f"could not publish the index at {dest}: other processes keep replacing it")
+
+
+def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = None, refresh: str = "auto",
+               key: str = "source.root") -> FolderIndex:
+    """The index of ``root``: mapped from the cache when it is sound and fresh, (re)built otherwise."""
+    if refresh not in REFRESH_MODES:
+        raise ValueError(f"source.refresh={refresh!r} is not one of {', '.join(REFRESH_MODES)}")
+    root = os.path.abspath(os.path.expanduser(str(root)))
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise FileNotFoundError(f"{key} '{root}' {what} (set {key}=... or check the path)")
+    dest = index_dir(root, extensions, cache_dir)
+    if refresh != "always":
+        reason = problem(dest)
+        if reason is None:
+            index = FolderIndex(dest)
+            changed = [] if refresh == "never" else stale_dirs(root, index.dirs())
+            if not changed:
+                return index
+            log.info("%s changed since it was indexed (%s); re-indexing", root, ", ".join(changed))
+        elif reason != "missing":
+            log.warning("index cache %s is unusable (%s); rebuilding it", dest, reason)
+    return build(root, extensions, dest)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m datasets.index", description=__doc__.split("\n")[0])
+    parser.add_argument("root", help="class-folder tree: ROOT/<class>/**/<image>")
+    parser.add_argument("--cache-dir", default=None, help="default: $FEEDLINE_CACHE_DIR or ~/.cache/feedline")
+    parser.add_argument("--extensions", nargs="+", default=list(IMG_EXTENSIONS))
+    parser.add_argument("--refresh", choices=REFRESH_MODES, default="auto")
+    parser.add_argument("--list", action="store_true", help="print 'relative/path<TAB>label' per sample")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        index = open_index(args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT")
+    except FileNotFoundError as err:
+        parser.exit(2, f"error: {err}\n")
+    out = sys.stdout
+    if args.list:
+        for i in range(len(index)):
+            out.write(f"{index.relpath(i)}\t{index.label(i)}\n")
+        return 0
+    out.write(f"root:    {index.root}\n")
+    out.write(f"classes: {len(index.classes)}\n")
+    out.write(f"samples: {len(index)}\n")
+    out.write(f"cache:   {index.directory}\n")
+    width = max(len(c) for c in index.classes)
+    for label, (name, count) in enumerate(zip(index.classes, index.counts)):
+        out.write(f"  {label:>5}  {name:<{width}}  {count}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

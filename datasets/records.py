@@ -1,0 +1,61 @@
+"""RecordSet: the per-split view a dataset reads samples through.
+
+The contract (see DESIGN.md): ``len``, ``records[i] -> (payload, label)`` and ``describe(i) -> str``
+(the sample's path, for error messages). A RecordSet pickles as paths and numbers, never the sample
+list, and opens memory maps lazily in the process that reads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class RecordSet(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> tuple[Any, int]: ...
+
+    def describe(self, i: int) -> str: ...
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the datamodule needs of a data backend, and nothing else."""
+
+    @property
+    def classes(self) -> list[str]: ...
+
+    def prepare(self) -> None: ...
+
+    def split(self, name: str) -> RecordSet: ...
+
+
+def read_bytes(path: str) -> np.ndarray:
+    """The file's bytes as a writable uint8 array (torchvision decoders take it without a copy)."""
+    return np.fromfile(path, dtype=np.uint8)
+
+
+class LazyArray:
+    """A ``.npy`` file mapped on first use; pickles as its path."""
+
+    __slots__ = ("path", "_array")
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self._array = None
+
+    def __getstate__(self):
+        return self.path
+
+    def __setstate__(self, path):
+        self.__init__(path)
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.load(self.path, mmap_mode="r")
+        return self._array

@@ -1,0 +1,1 @@
+"""LightningModules and networks the default runs and tests train."""

@@ -1,0 +1,1 @@
+"""Decode, transform stacks and collate: payload -> uint8 CHW tensor -> batch."""

@@ -1,0 +1,59 @@
+"""Payload -> uint8 CHW RGB tensor.
+
+torchvision.io (libjpeg-turbo, libpng, libwebp, giflib) decodes what it can read, chosen by the file's
+magic bytes; PIL reads the rest (BMP, TIFF, PPM/PGM, ...). Every input comes out as 3-channel uint8:
+grayscale and palette are expanded, alpha dropped, CMYK converted, 16-bit scaled down.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2.functional import to_dtype
+
+_TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
+
+
+class DecodeError(ValueError):
+    """The payload is not an image this pipeline can read (corrupt, truncated or unknown format)."""
+
+
+def _torchvision_reads(head: bytes) -> bool:
+    return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+
+
+def decode(payload) -> torch.Tensor:
+    """Decode encoded bytes (numpy uint8 array, bytes or uint8 tensor) to a uint8 (3, H, W) tensor."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        payload = np.frombuffer(payload, dtype=np.uint8)
+    data = torch.as_tensor(payload)
+    if data.dtype != torch.uint8 or data.dim() != 1:
+        raise DecodeError(f"expected encoded image bytes (1-D uint8), got {data.dtype} of shape {tuple(data.shape)}")
+    if data.numel() == 0:
+        raise DecodeError("empty file")
+    head = data[:12].numpy().tobytes()
+    try:
+        image = decode_image(data, mode=ImageReadMode.RGB) if _torchvision_reads(head) else _decode_pil(data)
+    except DecodeError:
+        raise
+    except Exception as err:  # decoders raise RuntimeError / OSError / ValueError / ...
+        raise DecodeError(f"cannot decode image: {err}".splitlines()[0]) from err
+    if image.dtype != torch.uint8:
+        image = to_dtype(image, torch.uint8, scale=True)
+    return image
+
+
+def _decode_pil(data: torch.Tensor) -> torch.Tensor:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
+        img.load()
+        if img.mode.startswith("I;16") or img.mode == "I":
+            array = (np.asarray(img, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+            array = np.repeat(array[:, :, None], 3, axis=2)
+        else:
+            array = np.asarray(img.convert("RGB"))
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).contiguous()

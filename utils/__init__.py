@@ -1,0 +1,1 @@
+"""Helpers the entry points share: config schemas, instantiation, callbacks."""

@@ -1,0 +1,35 @@
+"""One way to build objects from config: log the ``_target_``, name the config key when it fails."""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+# Errors our own constructors raise already name the config key and the fix: pass them on unchanged.
+_USER_ERRORS = (FileNotFoundError, ValueError, TypeError)
+
+
+def instantiate(cfg: DictConfig, key: str, **kwargs):
+    target = cfg.get("_target_", "?") if isinstance(cfg, DictConfig) else "?"
+    log.info("Instantiating %s <%s>", key, target)
+    try:
+        return hydra.utils.instantiate(cfg, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, _USER_ERRORS) and ("source." in str(cause) or "data." in str(cause)):
+            raise cause from None
+        raise InstantiationException(f"could not build config key '{key}' (_target_: {target}): {err}") from err
+
+
+def instantiate_all(cfg: DictConfig | None, key: str) -> list:
+    """Build every entry of a dict of configs (callbacks, loggers); entries set to null are skipped."""
+    if not cfg:
+        return []
+    return [instantiate(node, f"{key}.{name}") for name, node in cfg.items() if node is not None]
