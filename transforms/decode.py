@@ -8,11 +8,16 @@ grayscale and palette are expanded, alpha dropped, CMYK converted, 16-bit scaled
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
+
+# torchvision 0.29 marks its decoders deprecated in favour of TorchCodec and warns on every call; they
+# remain the fastest image decoders installed with torchvision, so feedline keeps them quiet.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
 _TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
 
@@ -55,5 +60,5 @@ def _decode_pil(data: torch.Tensor) -> torch.Tensor:
             array = (np.asarray(img, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8)
             array = np.repeat(array[:, :, None], 3, axis=2)
         else:
-            array = np.asarray(img.convert("RGB"))
+            array = np.array(img.convert("RGB"))
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).contiguous()

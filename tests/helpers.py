@@ -1,0 +1,51 @@
+"""Tiny generated image trees for tests."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import numpy as np
+from PIL import Image
+
+_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".webp": "WEBP", ".tif": "TIFF"}
+
+
+def image_bytes(ext: str = ".png", size=(12, 10), seed: int = 0, mode: str = "RGB") -> bytes:
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, _FORMATS.get(ext.lower(), "PNG"))
+    return buf.getvalue()
+
+
+def make_tree(root, spec: dict[str, list[str]], backdate: bool = True) -> str:
+    """``spec``: class -> relative file names. Image extensions get real images, others a text line.
+
+    Directory mtimes are set 10 s into the past, as for a tree that has not changed since it was made,
+    so tests see the index cache as fresh until they change the tree themselves.
+    """
+    root = str(root)
+    for n, (cls, files) in enumerate(spec.items()):
+        os.makedirs(os.path.join(root, cls), exist_ok=True)
+        for k, rel in enumerate(files):
+            path = os.path.join(root, cls, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            ext = os.path.splitext(rel)[1].lower()
+            data = image_bytes(ext, seed=n * 1000 + k) if ext in _FORMATS else b"not an image\n"
+            with open(path, "wb") as f:
+                f.write(data)
+    if backdate:
+        backdate_tree(root)
+    return root
+
+
+def backdate_tree(root, seconds: float = 10.0) -> None:
+    past = time.time() - seconds
+    for dirpath, _, _ in os.walk(root, followlinks=False):
+        os.utime(dirpath, (past, past))
+
+
+def simple_tree(root, classes=("cat", "dog", "eel"), per_class: int = 6, ext: str = ".png") -> str:
+    return make_tree(root, {c: [f"{i:03d}{ext}" for i in range(per_class)] for c in classes})

@@ -1,0 +1,38 @@
+"""train(cfg) end to end, as `python train.py ...` runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import FAST
+from train import train
+
+COLLATES = sorted(p.stem for p in (__import__("tests.conftest").conftest.CONF / "collate").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("collate", COLLATES)
+def test_fast_dev_run_on_a_generated_tree(make_cfg, tree, collate):
+    cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", f"collate={collate}", "transforms=digits")
+    summary = train(cfg)
+    assert summary["metrics"]["train/loss"] > 0
+    assert 0.0 <= summary["val_acc"] <= 1.0
+
+
+def test_fast_dev_run_with_workers(make_cfg, tree):
+    cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", "data.num_workers=2", "transforms=imagenet")
+    assert train(cfg)["metrics"]["train/loss"] > 0
+
+
+@pytest.mark.slow
+def test_default_run_learns_the_digits(make_cfg, tmp_path):
+    """The embedded default, as `make train` runs it: real digits, >= 0.90 validation accuracy."""
+    summary = train(make_cfg())
+    assert summary["val_acc"] >= 0.90
+    assert summary["train_samples_per_s"] > 0
+    assert len(os.listdir(tmp_path / "cache" / "digits")) == 10
+    with open(tmp_path / "out" / "summary.json") as f:
+        assert json.load(f)["val_acc"] == summary["val_acc"]
+    assert os.path.exists(tmp_path / "out" / "checkpoints" / "last.ckpt")
