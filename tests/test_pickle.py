@@ -6,12 +6,12 @@ import pickle
 
 import torch
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from datamodules.image import ImageDataModule
 from datasets.folder import FolderSource
 from transforms.collate import Batch, Uint8Collate
 from transforms.stacks import TransformStacks
-from torchvision.transforms import v2
 
 
 def _datamodule(tree, **kwargs):

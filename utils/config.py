@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-
 # Functional form, because `raise` cannot be a class attribute: `data.on_bad_sample=ignore` fails at
 # composition with the valid names listed.
 OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
