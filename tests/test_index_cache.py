@@ -1,0 +1,139 @@
+"""The index cache at scale: staleness, corruption, concurrent builders, symlink loops, rank semantics."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+
+import numpy as np
+import pytest
+from torchvision.datasets import ImageFolder
+
+import datasets.index as index_module
+from datasets.folder import FolderSource
+from datasets.index import index_dir, open_index, problem
+from tests.helpers import backdate_tree, make_tree, simple_tree
+
+
+def _samples(index):
+    return [(index.relpath(i), index.label(i)) for i in range(len(index))]
+
+
+def _no_scan(monkeypatch):
+    monkeypatch.setattr(index_module, "scan_tree", lambda *a, **k: pytest.fail("scanned a fresh cache"))
+
+
+def test_added_and_removed_files_are_picked_up_under_auto(tmp_path, tree):
+    cache = tmp_path / "cache"
+    assert len(open_index(tree, cache_dir=cache)) == 18
+    make_tree(tree, {"dog": ["new/zz.png"]}, backdate=False)
+    assert ("dog/new/zz.png", 1) in _samples(open_index(tree, cache_dir=cache))
+    os.remove(os.path.join(tree, "cat", "000.png"))
+    after = _samples(open_index(tree, cache_dir=cache))
+    assert len(after) == 18 and ("cat/000.png", 0) not in after
+
+
+def test_new_class_is_picked_up(tmp_path, tree):
+    open_index(tree, cache_dir=tmp_path / "cache")
+    make_tree(tree, {"ant": ["a.png"]}, backdate=False)
+    assert open_index(tree, cache_dir=tmp_path / "cache").classes == ["ant", "cat", "dog", "eel"]
+
+
+def test_refresh_never_trusts_and_always_rebuilds(tmp_path, tree, monkeypatch):
+    cache = tmp_path / "cache"
+    open_index(tree, cache_dir=cache)
+    os.remove(os.path.join(tree, "cat", "000.png"))
+    assert len(open_index(tree, cache_dir=cache, refresh="never")) == 18
+    assert len(open_index(tree, cache_dir=cache, refresh="always")) == 17
+
+
+def test_fresh_cache_is_mapped_without_a_scan_by_every_rank(tmp_path, tree, monkeypatch):
+    rank0 = FolderSource(tree, cache_dir=tmp_path / "cache")
+    rank0.prepare()  # prepare_data: local rank 0 only
+    _no_scan(monkeypatch)
+    other_rank = FolderSource(tree, cache_dir=tmp_path / "cache")  # setup on every rank
+    assert len(other_rank.split("train")) + len(other_rank.split("val")) == 18
+
+
+@pytest.mark.parametrize("damage", ["truncate_offsets", "garble_meta", "drop_labels", "wrong_lengths"])
+def test_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, tree, caplog, damage):
+    cache = tmp_path / "cache"
+    good = _samples(open_index(tree, cache_dir=cache))
+    d = index_dir(tree, index_module.IMG_EXTENSIONS, cache)
+    if damage == "truncate_offsets":
+        with open(d / "offsets.npy", "r+b") as f:
+            f.truncate(100)
+    elif damage == "garble_meta":
+        (d / "meta.json").write_text("{not json")
+    elif damage == "drop_labels":
+        os.remove(d / "labels.npy")
+    else:
+        np.save(d / "labels.npy", np.zeros(3, dtype=np.int16))
+    assert problem(d) is not None
+    with caplog.at_level(logging.WARNING):
+        rebuilt = open_index(tree, cache_dir=cache)
+    assert "unusable" in caplog.text and _samples(rebuilt) == good and problem(d) is None
+
+
+def _build_in_child(root, cache, barrier, results):
+    barrier.wait()  # start together: both scan, both try to publish
+    index = index_module.build(root, index_module.IMG_EXTENSIONS, index_dir(root, index_module.IMG_EXTENSIONS, cache))
+    results.put(_samples(index))
+
+
+def test_concurrent_builders_both_end_with_the_same_valid_index(tmp_path):
+    root = make_tree(tmp_path / "t", {f"c{c:02d}": [f"{i:04d}.txt" for i in range(150)] for c in range(20)})
+    for dirpath, _, files in os.walk(root):  # rename to an image extension: content does not matter here
+        for f in files:
+            os.rename(os.path.join(dirpath, f), os.path.join(dirpath, f[:-4] + ".jpg"))
+    backdate_tree(root)
+    cache = tmp_path / "cache"
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    children = [ctx.Process(target=_build_in_child, args=(root, cache, barrier, queue)) for _ in range(3)]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert results[0] == results[1] == results[2] and len(results[0]) == 3000
+    d = index_dir(root, index_module.IMG_EXTENSIONS, cache)
+    assert problem(d) is None and _samples(open_index(root, cache_dir=cache)) == results[0]
+    assert [p for p in os.listdir(d.parent) if p.startswith(".")] == []  # no temporary leftovers
+
+
+def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
+    root = make_tree(tmp_path / "t", {"a": ["1.png", "sub/2.png"], "b": ["3.png"]})
+    os.symlink(os.path.join(root, "a"), os.path.join(root, "a", "sub", "back"))
+    os.symlink(root, os.path.join(root, "b", "top"))
+    with caplog.at_level(logging.WARNING):
+        index = open_index(root, cache_dir=tmp_path / "cache")
+    samples = _samples(index)
+    assert ("a/1.png", 0) in samples and ("b/top/a/1.png", 1) in samples  # b/top -> root is no loop for b
+    assert not any("back/" in p for p, _ in samples)
+    assert "symlink loop" in caplog.text and "a/sub/back" in caplog.text
+
+
+def test_parity_with_imagefolder_holds_after_a_rebuild(tmp_path, tree):
+    cache = tmp_path / "cache"
+    open_index(tree, cache_dir=cache)
+    make_tree(tree, {"bee": ["x.png", "y/z.png"], "dog": ["a/b.png", "0.png"]}, backdate=False)
+    index = open_index(tree, cache_dir=cache)
+    reference = ImageFolder(tree, loader=lambda p: p)
+    assert index.classes == reference.classes
+    assert _samples(index) == [(os.path.relpath(p, tree), t) for p, t in reference.samples]
+
+
+def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
+    sizes = []
+    for n in (10, 2000):
+        root = simple_tree(tmp_path / f"t{n}", classes=("a", "b"), per_class=n, ext=".txt")
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                os.rename(os.path.join(dirpath, f), os.path.join(dirpath, f[:-4] + ".jpg"))
+        source = FolderSource(root, val_fraction=0.1, cache_dir=tmp_path / "cache")
+        sizes.append(len(pickle.dumps(source.split("train"))))
+    assert sizes[1] - sizes[0] < 64 and sizes[1] < 8 * 1024
