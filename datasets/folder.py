@@ -36,15 +36,20 @@ class FolderRecords:
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
         return int(self.subset.array[i]) if self.subset is not None else i % len(self.index)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+    def locate(self, i: int) -> tuple[str, int]:
+        """The sample's path and label, without reading it."""
         j = self._position(i)
         label = self.index.label(j)
         if self.label_map is not None:
             label = self.label_map[label]
-        return read_bytes(os.path.join(self.root, self.index.relpath(j))), label
+        return os.path.join(self.root, self.index.relpath(j)), label
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        path, label = self.locate(i)
+        return read_bytes(path), label
 
     def describe(self, i: int) -> str:
-        return os.path.join(self.root, self.index.relpath(self._position(i)))
+        return self.locate(i)[0]
 
 
 class FolderSource:
@@ -59,6 +64,7 @@ class FolderSource:
         extensions=IMG_EXTENSIONS,
         cache_dir: str | None = None,
         refresh: str = "auto",
+        scan_workers="auto",
     ):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
@@ -67,6 +73,7 @@ class FolderSource:
         self.extensions = normalize_extensions(extensions)
         self.cache_dir = cache_dir
         self.refresh = str(refresh)
+        self.scan_workers = scan_workers
         if self.refresh not in REFRESH_MODES:
             raise ValueError(f"source.refresh={refresh!r} is not one of: {', '.join(REFRESH_MODES)}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -102,7 +109,9 @@ class FolderSource:
 
     def _index(self, path: str, key: str) -> FolderIndex:
         if path not in self._indexes:
-            self._indexes[path] = open_index(path, self.extensions, self.cache_dir, self.refresh, key=key)
+            self._indexes[path] = open_index(
+                path, self.extensions, self.cache_dir, self.refresh, key=key, workers=self.scan_workers
+            )
         return self._indexes[path]
 
     def split(self, name: str) -> FolderRecords:

@@ -2,7 +2,7 @@
 
 One directory per indexed root, under ``<cache_dir>/folder-index/``:
 
-    paths.npy    uint8    every relative path, UTF-8, concatenated
+    paths.npy    uint8    every relative path, UTF-8, each followed by a NUL byte
     offsets.npy  int64    N+1 offsets into paths.npy
     labels.npy   int16/32 N class indices
     dirs.json             [relative dir, mtime_ns] of every directory: the staleness signature
@@ -34,7 +34,7 @@ from datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_t
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 REFRESH_MODES = ("auto", "always", "never")
 # Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
 # window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
@@ -88,7 +88,7 @@ class PackedIndex:
 
     def relpath(self, i: int) -> str:
         paths, offsets, _ = self.arrays
-        return paths[offsets[i] : offsets[i + 1]].tobytes().decode("utf-8", "surrogateescape")
+        return paths[offsets[i] : offsets[i + 1] - 1].tobytes().decode("utf-8", "surrogateescape")
 
     def label(self, i: int) -> int:
         return int(self.arrays[2][i])
@@ -143,7 +143,7 @@ def problem(directory: Path) -> str | None:
         paths, offsets, labels = PackedIndex(directory).arrays
         if offsets.shape != (n + 1,) or labels.shape != (n,):
             return "array lengths disagree with meta.json"
-        if offsets[0] != 0 or offsets[-1] != paths.shape[0]:
+        if offsets[0] != 0 or offsets[-1] != paths.shape[0] or (n and paths[-1] != 0):
             return "offsets do not span paths.npy"
         if sum(meta["counts"]) != n or len(meta["counts"]) != len(meta["classes"]):
             return "class counts disagree with meta.json"
@@ -153,21 +153,21 @@ def problem(directory: Path) -> str | None:
     return None
 
 
-def build(root: str, extensions, dest: Path) -> FolderIndex:
+def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
     """Scan ``root`` and publish its index at ``dest`` atomically."""
     root = os.path.abspath(os.path.expanduser(root))
     extensions = normalize_extensions(extensions)
     for attempt in range(2):
         started = time.time_ns()
-        scan = scan_tree(root, extensions)
-        racy = [d for d, mtime in scan.dirs if mtime >= started - RACY_WINDOW_NS]
+        scan = scan_tree(root, extensions, workers)
+        racy = {d for d, mtime in scan.dirs if mtime >= started - RACY_WINDOW_NS}
         if not racy:
             break
         if attempt == 0:  # changed just now: list again once the timestamp tick has passed
             time.sleep(RACY_WINDOW_NS / 1e9)
             continue
         # Still changing: keep what we saw, but force a re-scan on the next load of these directories.
-        scan.dirs = [(d, -1 if d in set(racy) else m) for d, m in scan.dirs]
+        scan.dirs = [(d, -1 if d in racy else m) for d, m in scan.dirs]
     _check_not_empty(root, scan, extensions)
     seconds = (time.time_ns() - started) / 1e9
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=_ensure_dir(dest.parent)))
@@ -176,7 +176,7 @@ def build(root: str, extensions, dest: Path) -> FolderIndex:
         _publish(tmp, dest, started)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("indexed %d files in %d classes under %s in %.2fs", len(scan.files), len(scan.classes), root, seconds)
+    log.info("indexed %d files in %d classes under %s in %.2fs", scan.num_files, len(scan.classes), root, seconds)
     return FolderIndex(dest)
 
 
@@ -204,20 +204,24 @@ def _check_not_empty(root: str, scan: TreeScan, extensions) -> None:
 
 
 def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, seconds: float) -> None:
-    encoded = [p.encode("utf-8", "surrogateescape") for p in scan.files]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    # Every path is stored NUL-terminated (NUL cannot occur in a file name), so numpy finds the
+    # offsets in one pass and no per-file work happens in Python.
+    paths = np.frombuffer(b"".join(s.paths for s in scan.scans), dtype=np.uint8)
+    offsets = np.empty(scan.num_files + 1, dtype=np.int64)
+    offsets[0] = 0
+    offsets[1:] = np.flatnonzero(paths == 0) + 1
     label_dtype = np.int16 if len(scan.classes) < 2**15 else np.int32
-    np.save(tmp / "paths.npy", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+    labels = np.repeat(np.arange(len(scan.classes), dtype=label_dtype), scan.counts)
+    np.save(tmp / "paths.npy", paths)
     np.save(tmp / "offsets.npy", offsets)
-    np.save(tmp / "labels.npy", np.asarray(scan.labels, dtype=label_dtype))
+    np.save(tmp / "labels.npy", labels)
     (tmp / "dirs.json").write_text(json.dumps(scan.dirs), encoding="utf-8")
     meta = {
         "format": FORMAT,
         "root": root,
         "classes": scan.classes,
         "counts": scan.counts,
-        "num_samples": len(scan.files),
+        "num_samples": scan.num_files,
         "extensions": list(extensions),
         "scan_started_ns": started,
         "build_seconds": round(seconds, 3),
@@ -248,7 +252,7 @@ def _publish(tmp: Path, dest: Path, started: int) -> None:
 
 
 def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = None, refresh: str = "auto",
-               key: str = "source.root") -> FolderIndex:
+               key: str = "source.root", workers="auto") -> FolderIndex:
     """The index of ``root``: mapped from the cache when it is sound and fresh, (re)built otherwise."""
     if refresh not in REFRESH_MODES:
         raise ValueError(f"source.refresh={refresh!r} is not one of {', '.join(REFRESH_MODES)}")
@@ -267,7 +271,7 @@ def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = Non
             log.info("%s changed since it was indexed (%s); re-indexing", root, ", ".join(changed))
         elif reason != "missing":
             log.warning("index cache %s is unusable (%s); rebuilding it", dest, reason)
-    return build(root, extensions, dest)
+    return build(root, extensions, dest, workers)
 
 
 def main(argv=None) -> int:
@@ -276,11 +280,14 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=None, help="default: $FEEDLINE_CACHE_DIR or ~/.cache/feedline")
     parser.add_argument("--extensions", nargs="+", default=list(IMG_EXTENSIONS))
     parser.add_argument("--refresh", choices=REFRESH_MODES, default="auto")
+    parser.add_argument("--workers", default="auto",
+                        help="scan workers (auto: 16 threads on network filesystems, else a process per CPU)")
     parser.add_argument("--list", action="store_true", help="print 'relative/path<TAB>label' per sample")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        index = open_index(args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT")
+        index = open_index(args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT",
+                           workers=args.workers)
     except FileNotFoundError as err:
         parser.exit(2, f"error: {err}\n")
     out = sys.stdout

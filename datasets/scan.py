@@ -7,14 +7,26 @@ are skipped, which ``ImageFolder`` does not do (it picks up ``.ipynb_checkpoints
 
 Every directory is listed once with ``os.scandir``; the entry type comes from the listing (``d_type``),
 and Python falls back to ``stat`` only where the filesystem reports none. Directories are ``stat``-ed
-once each, for the staleness signature and for symlink-loop detection.
+once each, for the staleness signature and for symlink-loop detection. Per-file work stays in C: one
+``map`` for the entry types, one sort, and one regular expression over the joined names that applies
+the hidden-name and extension filters (``name.lower().endswith(extensions)``, as ImageFolder does).
+
+Class directories are listed in parallel. Where a listing is a network round trip (NFS, Lustre, GPFS,
+CIFS, FUSE, ...) a thread pool hides the latency. On a local disk the listing is CPU-bound, and because
+CPython's ``scandir`` releases and re-takes the GIL for every entry, threads there are slower than one
+(measured: 100k files, 0.09 s serial, 0.13 s with 2 threads, 0.17 s with 4), so local disks get a
+pool of forked processes, each returning one string per class.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
+import multiprocessing as mp
 import os
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import re
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
@@ -30,6 +42,89 @@ def normalize_extensions(extensions) -> tuple[str, ...]:
     return tuple(e if e.startswith(".") else "." + e for e in exts)
 
 
+NETWORK_FILESYSTEMS = {
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs", "glusterfs",
+    "9p", "afs", "panfs", "wekafs", "orangefs", "pvfs2", "davfs",
+}
+
+
+class _NameFilter:
+    """Matches each visible name with an allowed extension in a NUL-joined list of names."""
+
+    def __init__(self, extensions: tuple[str, ...]):
+        self.extensions = extensions
+        alternatives = "|".join(re.escape(e) for e in sorted(extensions, key=len, reverse=True))
+        self.pattern = re.compile(rf"(?<![^\0])[^.\0][^\0]*(?:{alternatives})(?![^\0])", re.IGNORECASE)
+
+    def findall(self, joined: str) -> list[str]:
+        return self.pattern.findall(joined)
+
+
+def _matching(names: list[str], name_filter: _NameFilter) -> list[str]:
+    """The names the filter accepts, in order. Fast path: when every name ends with an allowed
+    extension and none is hidden (the usual image folder), a few ``str.count`` calls prove it."""
+    joined = "\0".join(names) + "\0"
+    folded = joined.lower()
+    if folded.isascii() and "\0." not in "\0" + joined:
+        first = os.path.splitext(folded[: folded.find("\0")])[1]  # most folders hold one extension
+        found = 0
+        for ext in sorted(name_filter.extensions, key=lambda e: e != first):
+            found += folded.count(ext + "\0")
+            if found == len(names):
+                return names
+    return name_filter.findall(joined)
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem holding ``path`` (from /proc/self/mounts), or "" when unknown."""
+    path = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, fields[2]
+    except OSError:
+        return ""
+    return fstype
+
+
+def scan_plan(root: str, workers="auto") -> tuple[str, int]:
+    """How to list the class directories: ("threads" | "processes" | "serial", how many).
+
+    Network filesystems (listings wait on round trips): 16 threads. Local disks (listings are CPU-bound
+    and threads convoy on the GIL): one forked process per CPU, up to 8. An explicit ``workers`` keeps
+    that choice of kind and sets the count; 1 means serial.
+    """
+    fstype = filesystem_type(root)
+    network = fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse")
+    if workers in ("auto", None):
+        workers = 16 if network else min(8, available_cpus())
+    try:
+        workers = int(workers)
+    except (TypeError, ValueError):
+        workers = 0
+    if workers < 1:
+        raise ValueError(f"source.scan_workers={workers!r} must be an integer >= 1 or 'auto'")
+    if workers == 1:
+        return "serial", 1
+    if network or "fork" not in mp.get_all_start_methods():
+        return "threads", workers
+    return "processes", workers
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def list_classes(root: str) -> list[str]:
     """Sorted names of the visible sub-directories of ``root`` (symlinked directories count)."""
     with os.scandir(root) as it:
@@ -39,102 +134,124 @@ def list_classes(root: str) -> list[str]:
 def _is_dir(entry: os.DirEntry) -> bool:
     try:
         return entry.is_dir()  # follows symlinks; stats only for links and unknown d_type
-    except OSError:
+    except OSError:  # a symlink whose target vanished
         return False
 
 
 @dataclass
 class ClassScan:
-    """One class's files (paths relative to the root, in ImageFolder order) and its directories."""
+    """One class: its files as UTF-8 paths relative to the root, each followed by a NUL, in ImageFolder
+    order (one bytes object crosses between processes at memcpy speed; a million strings do not)."""
 
-    files: list[str] = field(default_factory=list)
+    paths: bytes = b""
+    count: int = 0
     dirs: list[tuple[str, int]] = field(default_factory=list)  # (relative dir, mtime_ns)
     loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor
 
+    @property
+    def files(self) -> list[str]:
+        return self.paths.decode("utf-8", "surrogateescape").split("\0")[:-1]
 
-def scan_class(root: str, name: str, extensions: tuple[str, ...]) -> ClassScan:
+
+def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
     result = ClassScan()
+    groups: list[tuple[str, list[str]]] = []  # (relative dir, sorted matching names)
     top = os.path.join(root, name)
     st = os.stat(top)
     result.dirs.append((name, st.st_mtime_ns))
-    listed: list[tuple[str, list[str]]] = []  # (relative dir, matching file names)
     # Depth-first over (absolute dir, relative dir, identities of the dirs above it): a directory whose
     # (st_dev, st_ino) is one of its ancestors' is a symlink loop; walking it would never end.
     stack = [(top, name, frozenset({(st.st_dev, st.st_ino)}))]
     while stack:
         path, rel, ancestors = stack.pop()
-        names: list[str] = []
         try:
-            it = os.scandir(path)
+            with os.scandir(path) as it:
+                entries = list(it)
         except OSError as err:  # os.walk (and so ImageFolder) skips unreadable directories too
             log.warning("cannot list %s: %s", path, err)
             continue
-        with it:
-            for entry in it:
-                if entry.name.startswith("."):
+        try:
+            is_dir = list(map(os.DirEntry.is_dir, entries))
+        except OSError:
+            is_dir = list(map(_is_dir, entries))
+        if any(is_dir):
+            names = [e.name for e, d in zip(entries, is_dir) if not d]
+            for entry in (e for e, d in zip(entries, is_dir) if d and not e.name.startswith(".")):
+                sub = entry.stat()  # follows the symlink: the identity of the real directory
+                key = (sub.st_dev, sub.st_ino)
+                child = f"{rel}/{entry.name}"
+                if key in ancestors:
+                    result.loops.append(child)
                     continue
-                if _is_dir(entry):
-                    sub = entry.stat()  # follows the symlink: the identity of the real directory
-                    key = (sub.st_dev, sub.st_ino)
-                    child = rel + "/" + entry.name
-                    if key in ancestors:
-                        result.loops.append(child)
-                        continue
-                    result.dirs.append((child, sub.st_mtime_ns))
-                    stack.append((entry.path, child, ancestors | {key}))
-                elif entry.name.lower().endswith(extensions):
-                    names.append(entry.name)
-        listed.append((rel, names))
-    listed.sort(key=lambda item: item[0])
-    for rel, names in listed:
+                result.dirs.append((child, sub.st_mtime_ns))
+                stack.append((entry.path, child, ancestors | {key}))
+        else:
+            names = [e.name for e in entries]
         names.sort()
-        result.files.extend(rel + "/" + n for n in names)
+        matched = _matching(names, name_filter)
+        if matched:
+            groups.append((rel, matched))
+            result.count += len(matched)
+    groups.sort(key=lambda group: group[0])
+    text = "".join(f"{rel}/" + f"\0{rel}/".join(names) + "\0" for rel, names in groups)
+    result.paths = text.encode("utf-8", "surrogateescape")
     return result
 
 
 @dataclass
 class TreeScan:
     classes: list[str]
-    files: list[str]
-    labels: list[int]
-    counts: list[int]
+    scans: list[ClassScan]
     dirs: list[tuple[str, int]]
     loops: list[str]
 
+    @property
+    def counts(self) -> list[int]:
+        return [scan.count for scan in self.scans]
 
-def scan_tree(root: str, extensions, threads: int | None = None) -> TreeScan:
-    """Scan ``root/<class>/**/<file>``; class directories are listed in parallel by a thread pool."""
-    extensions = normalize_extensions(extensions)
+    @property
+    def num_files(self) -> int:
+        return sum(self.counts)
+
+
+def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
+    """Scan ``root/<class>/**/<file>``, one task per class directory."""
+    name_filter = _NameFilter(normalize_extensions(extensions))
     root_mtime = os.stat(root).st_mtime_ns
     classes = list_classes(root)
-    threads = threads or min(32, (os.cpu_count() or 1) * 4)
-    scans: list[ClassScan] = [ClassScan()] * len(classes)
-    with (
-        ThreadPoolExecutor(max_workers=max(1, min(threads, len(classes)))) as pool,
-        tqdm(total=len(classes), desc=f"indexing {root}", unit="class", delay=1.0, leave=False) as bar,
-    ):
-        futures = {pool.submit(scan_class, root, c, extensions): i for i, c in enumerate(classes)}
-        files_seen = 0
-        for future in as_completed(futures):
-            i = futures[future]
-            scans[i] = future.result()
-            files_seen += len(scans[i].files)
-            bar.set_postfix(files=files_seen, refresh=False)
-            bar.update()
-    files: list[str] = []
-    labels: list[int] = []
-    counts: list[int] = []
+    kind, workers = scan_plan(root, workers)
+    if len(classes) < 2 * workers:
+        kind = "serial"
+    task = functools.partial(scan_class, root=root, name_filter=name_filter)
+    scans: list[ClassScan] = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of new strings: collections would scan them over and over, finding nothing
+    try:
+        with tqdm(total=len(classes), desc=f"indexing {root}", unit="class", delay=1.0, leave=False) as bar:
+            if kind == "serial":
+                results = map(task, classes)
+            elif kind == "threads":
+                pool = ThreadPoolExecutor(max_workers=workers)
+                results = pool.map(task, classes)
+            else:
+                pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+                results = pool.map(task, classes, chunksize=max(1, len(classes) // (workers * 8)))
+            for scan in results:
+                scans.append(scan)
+                bar.update()
+            if kind != "serial":
+                pool.shutdown()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     dirs: list[tuple[str, int]] = [("", root_mtime)]
     loops: list[str] = []
-    for label, scan in enumerate(scans):
-        files.extend(scan.files)
-        labels.extend([label] * len(scan.files))
-        counts.append(len(scan.files))
+    for scan in scans:
         dirs.extend(scan.dirs)
         loops.extend(scan.loops)
     for loop in loops:
         log.warning("skipping symlink loop %s (it points back at a folder above it)", os.path.join(root, loop))
-    return TreeScan(classes, files, labels, counts, dirs, loops)
+    return TreeScan(classes, scans, dirs, loops)
 
 
 def stale_dirs(root: str, dirs, limit: int = 5) -> list[str]:

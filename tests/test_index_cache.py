@@ -137,3 +137,34 @@ def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
         source = FolderSource(root, val_fraction=0.1, cache_dir=tmp_path / "cache")
         sizes.append(len(pickle.dumps(source.split("train"))))
     assert sizes[1] - sizes[0] < 64 and sizes[1] < 8 * 1024
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
+    import datasets.scan as scan
+    from tests.test_folder_index import AWKWARD
+
+    root = make_tree(tmp_path / "t", {**AWKWARD, **{f"c{i}": [f"{i}.png"] for i in range(8)}})
+    serial = open_index(root, cache_dir=tmp_path / "c1", workers=1)
+    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs" if kind == "threads" else "ext4")
+    assert scan.scan_plan(root, 2) == (kind, 2)
+    parallel = open_index(root, cache_dir=tmp_path / "c2", workers=2)
+    assert _samples(serial) == _samples(parallel) and serial.classes == parallel.classes
+
+
+def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path):
+    import datasets.scan as scan
+
+    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs4")
+    assert scan.scan_plan(str(tmp_path)) == ("threads", 16)
+    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    assert scan.scan_plan(str(tmp_path)) == ("processes", min(8, scan.available_cpus())) or scan.available_cpus() == 1
+    assert scan.scan_plan(str(tmp_path), 1) == ("serial", 1)
+    with pytest.raises(ValueError, match="source.scan_workers"):
+        scan.scan_plan(str(tmp_path), 0)
+
+
+def test_filesystem_type_reads_the_mount_table(tmp_path):
+    from datasets.scan import filesystem_type
+
+    assert filesystem_type(str(tmp_path)) != ""
