@@ -168,6 +168,22 @@ def run(fn, *args) -> dict:
     return result
 
 
+def run_pair(fn, root: str, cache: str, repeat: int) -> tuple[dict, dict]:
+    """ImageFolder and feedline alternately, ``repeat`` times each; the run with the median time of each."""
+    runs = {"imagefolder": [], "feedline": []}
+    for _ in range(repeat):
+        for kind in runs:
+            runs[kind].append(run(fn, kind, root, cache))
+    return tuple(_median(runs[kind]) for kind in runs)
+
+
+def _median(results: list[dict]) -> dict:
+    ordered = sorted(results, key=lambda r: r["seconds"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["all_seconds"] = [round(r["seconds"], 4) for r in results]
+    return chosen
+
+
 # -- report ---------------------------------------------------------------------------------------------
 def _fmt_bytes(n: float) -> str:
     return f"{n / MiB:.1f} MiB" if abs(n) >= 0.1 * MiB else f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{int(n)} B"
@@ -179,6 +195,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per side; the median is reported")
     args = parser.parse_args(argv)
 
     root = ensure_tree(args.data_dir, args.classes, max(1, args.files // args.classes))
@@ -187,11 +204,11 @@ def main(argv=None) -> dict:
     for _ in os.walk(root):  # warm the directory cache once, so neither side pays for the first listing
         pass
 
-    build_if, build_fl = run(measure_build, "imagefolder", root, cache), run(measure_build, "feedline", root, cache)
-    load_if, load_fl = run(measure_load, "imagefolder", root, cache), run(measure_load, "feedline", root, cache)
+    build_if, build_fl = run_pair(measure_build, root, cache, args.repeat)
+    load_if, load_fl = run_pair(measure_load, root, cache, args.repeat)
     work_if, work_fl = run(measure_workers, "imagefolder", root, cache), run(measure_workers, "feedline", root, cache)
-    spawn_tiny = run(measure_spawn, "imagefolder", tiny, cache)
-    spawn_if, spawn_fl = run(measure_spawn, "imagefolder", root, cache), run(measure_spawn, "feedline", root, cache)
+    spawn_tiny = _median([run(measure_spawn, "imagefolder", tiny, cache) for _ in range(args.repeat)])
+    spawn_if, spawn_fl = run_pair(measure_spawn, root, cache, args.repeat)
 
     rows = [
         ("first build", build_if["seconds"], build_fl["seconds"], "s",
@@ -210,7 +227,7 @@ def main(argv=None) -> dict:
          spawn_fl["seconds"] <= spawn_tiny["seconds"] + 1.5),
     ]
     n = build_fl["len"]
-    print(f"\nindex scale: {n:,} files in {args.classes} classes ({root})\n")
+    print(f"\nindex scale: {n:,} files in {args.classes} classes ({root}); times: median of {args.repeat}\n")
     print("| measure | ImageFolder | feedline | ratio | target | met |\n|---|---:|---:|---:|---|---|")
     for name, a, b, unit, ratio, target, ok in rows:
         fa, fb = (f"{a:.3f} s", f"{b:.3f} s") if unit == "s" else (_fmt_bytes(a), _fmt_bytes(b))
@@ -222,7 +239,9 @@ def main(argv=None) -> dict:
         "rows": [{"measure": r[0], "imagefolder": r[1], "feedline": r[2], "unit": r[3], "ratio": r[4],
                   "target": r[5], "met": r[6]} for r in rows],
         "spawn_tiny_seconds": spawn_tiny["seconds"],
-        "raw": {"build": [build_if, build_fl], "load": [load_if, load_fl], "workers": [work_if, work_fl]},
+        "repeat": args.repeat,
+        "raw": {"build": [build_if, build_fl], "load": [load_if, load_fl], "workers": [work_if, work_fl],
+                "spawn": [spawn_if, spawn_fl, spawn_tiny]},
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -23,7 +23,7 @@ class FolderRecords:
     """One split of a folder index: index arrays and the root, never a list of samples."""
 
     def __init__(self, index: PackedIndex, root: str, subset: LazyArray | None = None, label_map=None):
-        self.index = PackedIndex(index.directory)
+        self.index = PackedIndex(index.directory)  # arrays only: the metadata stays in the main process
         self.root = root
         self.subset = subset
         self.label_map = tuple(label_map) if label_map is not None else None

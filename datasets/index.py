@@ -104,12 +104,6 @@ class FolderIndex(PackedIndex):
         with open(os.path.join(self.directory, "meta.json"), encoding="utf-8") as f:
             self.meta = json.load(f)
 
-    def __getstate__(self):
-        return self.directory
-
-    def __setstate__(self, directory):
-        self.__init__(directory)
-
     @property
     def root(self) -> str:
         return self.meta["root"]

@@ -113,7 +113,8 @@ def scan_plan(root: str, workers="auto") -> tuple[str, int]:
         raise ValueError(f"source.scan_workers={workers!r} must be an integer >= 1 or 'auto'")
     if workers == 1:
         return "serial", 1
-    if network or "fork" not in mp.get_all_start_methods():
+    # Daemonic processes (multiprocessing pool workers) may not start children.
+    if network or "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
         return "threads", workers
     return "processes", workers
 

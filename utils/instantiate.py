@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import hydra
 from hydra.errors import InstantiationException
@@ -10,8 +11,9 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-# Errors our own constructors raise already name the config key and the fix: pass them on unchanged.
-_USER_ERRORS = (FileNotFoundError, ValueError, TypeError)
+# Errors that already name their config key (``source.root '/x' does not exist ...``) pass through
+# unchanged; anything else is wrapped with the key and the _target_ that failed.
+_NAMES_A_KEY = re.compile(r"\b(source|data|transforms|collate|model|trainer|paths)\.\w+")
 
 
 def instantiate(cfg: DictConfig, key: str, **kwargs):
@@ -23,7 +25,7 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
         cause = err.__cause__
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        if isinstance(cause, _USER_ERRORS) and ("source." in str(cause) or "data." in str(cause)):
+        if isinstance(cause, (OSError, ValueError)) and _NAMES_A_KEY.search(str(cause)):
             raise cause from None
         raise InstantiationException(f"could not build config key '{key}' (_target_: {target}): {err}") from err
 

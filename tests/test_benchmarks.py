@@ -1,0 +1,26 @@
+"""The benchmarks run end to end on tiny inputs (their figures come from full-size runs, not from here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT_DIR
+
+
+@pytest.mark.slow
+def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "benchmarks/index_scale.py", "--files", "400", "--classes", "20", "--repeat", "1",
+           "--data-dir", str(tmp_path / "data"), "--json", str(out)]
+    printed = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600).stdout
+    assert "| first build |" in printed and "| pickled dataset |" in printed
+    result = json.loads(out.read_text())
+    assert result["files"] == 400
+    rows = {r["measure"]: r for r in result["rows"]}
+    assert set(rows) == {"first build", "cached load", "RSS added", "pickled dataset",
+                         "worker memory growth / epoch", "spawn: first batch"}
+    assert all(r["imagefolder"] > 0 and r["feedline"] > 0 and r["ratio"] > 0 for r in rows.values())
