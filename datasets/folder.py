@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from datasets.index import REFRESH_MODES, FolderIndex, PackedIndex, open_index
-from datasets.records import LazyArray, read_bytes
+from datasets.records import LazyArray, read_bytes, require_dir
 from datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
 from datasets.splits import cached_split
 
@@ -85,9 +85,8 @@ class FolderSource:
 
     def _check_roots(self) -> None:
         for key, path in (("source.root", self.root), ("source.val_root", self.val_root)):
-            if path is not None and not os.path.isdir(path):
-                what = "is not a directory" if os.path.exists(path) else "does not exist"
-                raise FileNotFoundError(f"{key} '{path}' {what} (set {key}=... or check the path)")
+            if path is not None:
+                require_dir(path, key)
 
     @property
     def classes(self) -> list[str]:

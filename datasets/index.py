@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.records import require_dir
 from datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree, stale_dirs
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,12 @@ def default_cache_dir() -> str:
     return os.environ.get("FEEDLINE_CACHE_DIR") or os.path.join("~", ".cache", "feedline")
 
 
-def index_dir(root: str, extensions, cache_dir: str | None) -> Path:
-    """Where the index of ``root`` lives: one directory per (absolute root, extensions)."""
+def index_dir(root: str, extensions, cache_dir: str | None, kind: str = "folder-index") -> Path:
+    """Where the cache of ``root`` lives: one directory per (kind, absolute root, extensions)."""
     root = os.path.abspath(os.path.expanduser(root))
     key = json.dumps([root, sorted(normalize_extensions(extensions))])
     digest = hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    base = Path(os.path.expanduser(cache_dir or default_cache_dir())) / "folder-index"
+    base = Path(os.path.expanduser(cache_dir or default_cache_dir())) / kind
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(root) or "root")
     return base / f"{name[:40]}-{digest}"
 
@@ -250,10 +251,7 @@ def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = Non
     """The index of ``root``: mapped from the cache when it is sound and fresh, (re)built otherwise."""
     if refresh not in REFRESH_MODES:
         raise ValueError(f"source.refresh={refresh!r} is not one of {', '.join(REFRESH_MODES)}")
-    root = os.path.abspath(os.path.expanduser(str(root)))
-    if not os.path.isdir(root):
-        what = "is not a directory" if os.path.exists(root) else "does not exist"
-        raise FileNotFoundError(f"{key} '{root}' {what} (set {key}=... or check the path)")
+    root = require_dir(root, key)
     dest = index_dir(root, extensions, cache_dir)
     if refresh != "always":
         reason = problem(dest)

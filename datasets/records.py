@@ -59,3 +59,12 @@ class LazyArray:
         if self._array is None:
             self._array = np.load(self.path, mmap_mode="r")
         return self._array
+
+
+def require_dir(path: str, key: str) -> str:
+    """``path`` made absolute, or an error naming it and the config key to fix."""
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(f"{key} '{path}' {what} (set {key}=... or check the path)")
+    return path
