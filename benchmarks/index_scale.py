@@ -28,8 +28,9 @@ MiB = 1024 * 1024
 
 
 # -- the tree -----------------------------------------------------------------------------------------
-def ensure_tree(data_dir: str, classes: int, per_class: int) -> str:
-    root = os.path.join(data_dir, f"tree-{classes}x{per_class}")
+def ensure_tree(data_dir: str, classes: int, per_class: int, lazy: bool = False) -> str:
+    """Class folders of empty files: ImageNet-like names, or ``0.JPEG``.. for a lazy_folder layout."""
+    root = os.path.join(data_dir, f"{'lazy' if lazy else 'tree'}-{classes}x{per_class}")
     marker = root + ".complete"
     if os.path.exists(marker):
         return root
@@ -39,7 +40,8 @@ def ensure_tree(data_dir: str, classes: int, per_class: int) -> str:
         d = os.path.join(root, f"n{c:05d}")
         os.makedirs(d, exist_ok=True)
         for i in range(per_class):
-            os.close(os.open(os.path.join(d, f"n{c:05d}_{i:06d}.JPEG"), os.O_CREAT | os.O_WRONLY, 0o644))
+            name = f"{i}.JPEG" if lazy else f"n{c:05d}_{i:06d}.JPEG"
+            os.close(os.open(os.path.join(d, name), os.O_CREAT | os.O_WRONLY, 0o644))
     past = time.time() - 60
     for dirpath, _, _ in os.walk(root):
         os.utime(dirpath, (past, past))
@@ -61,17 +63,25 @@ def _private_dirty(pid: int) -> int:
         return sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Private_Dirty:"))
 
 
-def _imagefolder(root):
-    from torchvision.datasets import ImageFolder
-
-    return ImageFolder(root)
+KINDS = ("imagefolder", "folder", "lazy_folder")
 
 
-def _feedline(root, cache_dir, refresh="auto"):
+def _dataset(kind: str, root: str, cache_dir: str, refresh: str = "auto"):
+    if kind == "imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        return ImageFolder(root)
     from datamodules.samples import SampleDataset
     from datasets.folder import FolderSource
+    from datasets.lazy_folder import LazyFolderSource
 
-    return SampleDataset(FolderSource(root, val_fraction=0, cache_dir=cache_dir, refresh=refresh).split("train"))
+    if kind == "folder":
+        source = FolderSource(root, val_fraction=0, cache_dir=cache_dir, refresh=refresh)
+    else:
+        source = LazyFolderSource(root, val_fraction=0, cache_dir=cache_dir, refresh=refresh)
+        if refresh == "always":
+            source.prepare()  # the first build writes the manifest
+    return SampleDataset(source.split("train"))
 
 
 def _imports() -> None:
@@ -80,13 +90,14 @@ def _imports() -> None:
 
     import datamodules.samples  # noqa: F401
     import datasets.folder  # noqa: F401
+    import datasets.lazy_folder  # noqa: F401
 
 
 def measure_build(kind: str, root: str, cache_dir: str) -> dict:
     _imports()
 
     rss0, t0 = _rss(), time.perf_counter()
-    dataset = _imagefolder(root) if kind == "imagefolder" else _feedline(root, cache_dir, refresh="always")
+    dataset = _dataset(kind, root, cache_dir, refresh="always")
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "rss_added": _rss() - rss0, "len": len(dataset)}
 
@@ -95,7 +106,7 @@ def measure_load(kind: str, root: str, cache_dir: str) -> dict:
     _imports()
 
     rss0, t0 = _rss(), time.perf_counter()
-    dataset = _imagefolder(root) if kind == "imagefolder" else _feedline(root, cache_dir)
+    dataset = _dataset(kind, root, cache_dir)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "rss_added": _rss() - rss0, "pickled": len(pickle.dumps(dataset)),
             "len": len(dataset)}
@@ -127,7 +138,7 @@ def _record_worker(worker_id: int) -> None:
 def measure_workers(kind: str, root: str, cache_dir: str, workers: int = 2) -> dict:
     from torch.utils.data import DataLoader
 
-    dataset = _imagefolder(root) if kind == "imagefolder" else _feedline(root, cache_dir)
+    dataset = _dataset(kind, root, cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["FEEDLINE_BENCH_WORKERS"] = tmp
         loader = DataLoader(Lookup(dataset), batch_size=4096, shuffle=True, num_workers=workers,
@@ -145,7 +156,7 @@ def measure_workers(kind: str, root: str, cache_dir: str, workers: int = 2) -> d
 def measure_spawn(kind: str, root: str, cache_dir: str, workers: int = 2) -> dict:
     from torch.utils.data import DataLoader
 
-    dataset = _imagefolder(root) if kind == "imagefolder" else _feedline(root, cache_dir)
+    dataset = _dataset(kind, root, cache_dir)
     loader = DataLoader(Lookup(dataset), batch_size=256, shuffle=True, num_workers=workers,
                         multiprocessing_context="spawn")
     t0 = time.perf_counter()
@@ -154,27 +165,42 @@ def measure_spawn(kind: str, root: str, cache_dir: str, workers: int = 2) -> dic
 
 
 def _child(queue, fn, args) -> None:
-    queue.put(fn(*args))
+    try:
+        queue.put(("ok", fn(*args)))
+    except BaseException:
+        import traceback
+
+        queue.put(("error", traceback.format_exc()))
 
 
 def run(fn, *args) -> dict:
     """``fn(*args)`` in a fresh spawned process (not a pool worker: it must be able to start workers)."""
+    import queue as queues
+
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(queue, fn, args))
+    results = ctx.Queue()
+    child = ctx.Process(target=_child, args=(results, fn, args))
     child.start()
-    result = queue.get()
+    while True:
+        try:
+            status, value = results.get(timeout=5)
+            break
+        except queues.Empty:
+            if not child.is_alive():
+                raise RuntimeError(f"{fn.__name__}{args} died with exit code {child.exitcode}") from None
     child.join()
-    return result
+    if status == "error":
+        raise RuntimeError(f"{fn.__name__}{args} failed in its process:\n{value}")
+    return value
 
 
-def run_pair(fn, root: str, cache: str, repeat: int) -> tuple[dict, dict]:
-    """ImageFolder and feedline alternately, ``repeat`` times each; the run with the median time of each."""
-    runs = {"imagefolder": [], "feedline": []}
+def run_all(fn, roots: dict[str, str], cache: str, repeat: int) -> dict[str, dict]:
+    """Every kind in turn, ``repeat`` rounds; per kind, the run with the median time."""
+    runs = {kind: [] for kind in roots}
     for _ in range(repeat):
-        for kind in runs:
+        for kind, root in roots.items():
             runs[kind].append(run(fn, kind, root, cache))
-    return tuple(_median(runs[kind]) for kind in runs)
+    return {kind: _median(results) for kind, results in runs.items()}
 
 
 def _median(results: list[dict]) -> dict:
@@ -185,8 +211,12 @@ def _median(results: list[dict]) -> dict:
 
 
 # -- report ---------------------------------------------------------------------------------------------
-def _fmt_bytes(n: float) -> str:
-    return f"{n / MiB:.1f} MiB" if abs(n) >= 0.1 * MiB else f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{int(n)} B"
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return ""
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if value < 0.1 else f"{value:.2f} s"
+    return f"{value / MiB:.1f} MiB" if abs(value) >= 0.1 * MiB else f"{value / 1024:.1f} KiB" if abs(value) >= 1024 else f"{int(value)} B"
 
 
 def main(argv=None) -> dict:
@@ -198,50 +228,71 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side; the median is reported")
     args = parser.parse_args(argv)
 
-    root = ensure_tree(args.data_dir, args.classes, max(1, args.files // args.classes))
+    per_class = max(1, args.files // args.classes)
+    roots = {"imagefolder": ensure_tree(args.data_dir, args.classes, per_class),
+             "lazy_folder": ensure_tree(args.data_dir, args.classes, per_class, lazy=True)}
+    roots["folder"] = roots["imagefolder"]
+    roots = {kind: roots[kind] for kind in KINDS}
     tiny = ensure_tree(args.data_dir, 10, 10)
     cache = tempfile.mkdtemp(prefix="feedline-bench-cache-")
-    for _ in os.walk(root):  # warm the directory cache once, so neither side pays for the first listing
-        pass
+    for root in set(roots.values()):  # warm the directory cache once, so no side pays for a first listing
+        for _ in os.walk(root):
+            pass
 
-    build_if, build_fl = run_pair(measure_build, root, cache, args.repeat)
-    load_if, load_fl = run_pair(measure_load, root, cache, args.repeat)
-    work_if, work_fl = run(measure_workers, "imagefolder", root, cache), run(measure_workers, "feedline", root, cache)
+    build = run_all(measure_build, roots, cache, args.repeat)
+    load = run_all(measure_load, roots, cache, args.repeat)
+    bare = _median([run(measure_load, "lazy_folder", roots["lazy_folder"], tempfile.mkdtemp())
+                    for _ in range(args.repeat)])  # an empty cache: no manifest, counts on the fly
+    work = {kind: run(measure_workers, kind, root, cache) for kind, root in roots.items()}
     spawn_tiny = _median([run(measure_spawn, "imagefolder", tiny, cache) for _ in range(args.repeat)])
-    spawn_if, spawn_fl = run_pair(measure_spawn, root, cache, args.repeat)
+    spawn = run_all(measure_spawn, roots, cache, args.repeat)
 
+    anchor = "imagefolder"
     rows = [
-        ("first build", build_if["seconds"], build_fl["seconds"], "s",
-         build_if["seconds"] / build_fl["seconds"], ">= 3x faster", build_if["seconds"] / build_fl["seconds"] >= 3),
-        ("cached load", load_if["seconds"], load_fl["seconds"], "s",
-         load_if["seconds"] / load_fl["seconds"], "<= 50 ms", load_fl["seconds"] <= 0.050),
-        ("RSS added", load_if["rss_added"], load_fl["rss_added"], "bytes",
-         load_if["rss_added"] / max(load_fl["rss_added"], 1), "<= 40 MiB", load_fl["rss_added"] <= 40 * MiB),
-        ("pickled dataset", load_if["pickled"], load_fl["pickled"], "bytes",
-         load_if["pickled"] / load_fl["pickled"], "<= 8 KB", load_fl["pickled"] <= 8000),
-        ("worker memory growth / epoch", work_if["growth_per_worker"], work_fl["growth_per_worker"], "bytes",
-         work_if["growth_per_worker"] / max(work_fl["growth_per_worker"], 4096), "<= 8 MiB",
-         work_fl["growth_per_worker"] <= 8 * MiB),
-        ("spawn: first batch", spawn_if["seconds"], spawn_fl["seconds"], "s",
-         spawn_if["seconds"] / spawn_fl["seconds"], f"<= tiny + 1.5 s (tiny: {spawn_tiny['seconds']:.2f} s)",
-         spawn_fl["seconds"] <= spawn_tiny["seconds"] + 1.5),
+        ("first build", {k: v["seconds"] for k, v in build.items()}, "s",
+         {"folder": ("ratio>=", 3)}),
+        ("cached load", {k: v["seconds"] for k, v in load.items()}, "s",
+         {"folder": ("<=", 0.050), "lazy_folder": ("<=", 0.100)}),
+        ("setup without manifest", {"imagefolder": load[anchor]["seconds"], "lazy_folder": bare["seconds"]}, "s",
+         {"lazy_folder": ("ratio>=", 3)}),
+        ("RSS added", {k: v["rss_added"] for k, v in load.items()}, "bytes", {"folder": ("<=", 40 * MiB)}),
+        ("pickled dataset", {k: v["pickled"] for k, v in load.items()}, "bytes", {"folder": ("<=", 8000)}),
+        ("worker memory growth / epoch", {k: v["growth_per_worker"] for k, v in work.items()}, "bytes",
+         {"folder": ("<=", 8 * MiB)}),
+        ("spawn: first batch", {k: v["seconds"] for k, v in spawn.items()}, "s",
+         {"folder": ("<=", spawn_tiny["seconds"] + 1.5)}),
     ]
-    n = build_fl["len"]
-    print(f"\nindex scale: {n:,} files in {args.classes} classes ({root}); times: median of {args.repeat}\n")
-    print("| measure | ImageFolder | feedline | ratio | target | met |\n|---|---:|---:|---:|---|---|")
-    for name, a, b, unit, ratio, target, ok in rows:
-        fa, fb = (f"{a:.3f} s", f"{b:.3f} s") if unit == "s" else (_fmt_bytes(a), _fmt_bytes(b))
-        print(f"| {name} | {fa} | {fb} | {ratio:,.1f}x | {target} | {'yes' if ok else 'NO'} |")
-    print("\nImageFolder has no cache: its 'cached load' is the rescan every run, rank and job repeats.")
-    print("Worker memory growth: Private_Dirty of each worker (copies of pages it only read), worst worker.")
+    result_rows = []
+    for name, values, unit, targets in rows:
+        row = {"measure": name, "unit": unit, "values": values, "ratios": {}, "targets": {}}
+        for kind in ("folder", "lazy_folder"):
+            if kind in values:
+                # A page (4 KiB) is the smallest memory growth that can be measured; ratios stop there.
+                floor = 4096 if name.startswith("worker memory") else 1e-9
+                row["ratios"][kind] = values[anchor] / max(values[kind], floor)
+            if kind in targets:
+                op, bound = targets[kind]
+                met = row["ratios"][kind] >= bound if op == "ratio>=" else values[kind] <= bound
+                text = f">= {bound}x faster" if op == "ratio>=" else f"<= {_fmt(bound, unit)}"
+                row["targets"][kind] = {"target": text, "met": bool(met)}
+        result_rows.append(row)
+
+    n = build["folder"]["len"]
+    print(f"\nindex scale: {n:,} files in {args.classes} classes; times: median of {args.repeat}\n")
+    print("| measure | ImageFolder | folder | ratio | lazy_folder | ratio | targets |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for row in result_rows:
+        cells = [_fmt(row["values"].get(k), row["unit"]) for k in KINDS]
+        ratios = [f"{row['ratios'][k]:,.1f}x" if k in row["ratios"] else "" for k in ("folder", "lazy_folder")]
+        targets = "; ".join(f"{k}: {t['target']} {'(met)' if t['met'] else '(NOT MET)'}" for k, t in row["targets"].items())
+        print(f"| {row['measure']} | {cells[0]} | {cells[1]} | {ratios[0]} | {cells[2]} | {ratios[1]} | {targets} |")
+    print(f"\nspawn: a 100-image ImageFolder's first batch takes {spawn_tiny['seconds']:.2f} s (worker start-up).")
+    print("ImageFolder has no cache: its 'cached load' is the scan every run, rank and job repeats.")
+    print("Worker memory growth: Private_Dirty of the worst worker (pages copied only because they were read).")
     result = {
-        "files": n, "classes": args.classes, "root": root,
-        "rows": [{"measure": r[0], "imagefolder": r[1], "feedline": r[2], "unit": r[3], "ratio": r[4],
-                  "target": r[5], "met": r[6]} for r in rows],
+        "files": n, "classes": args.classes, "roots": roots, "repeat": args.repeat, "rows": result_rows,
         "spawn_tiny_seconds": spawn_tiny["seconds"],
-        "repeat": args.repeat,
-        "raw": {"build": [build_if, build_fl], "load": [load_if, load_fl], "workers": [work_if, work_fl],
-                "spawn": [spawn_if, spawn_fl, spawn_tiny]},
+        "raw": {"build": build, "load": load, "no_manifest": bare, "workers": work, "spawn": spawn},
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

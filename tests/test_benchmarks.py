@@ -17,10 +17,14 @@ def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
     cmd = [sys.executable, "benchmarks/index_scale.py", "--files", "400", "--classes", "20", "--repeat", "1",
            "--data-dir", str(tmp_path / "data"), "--json", str(out)]
     printed = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600).stdout
-    assert "| first build |" in printed and "| pickled dataset |" in printed
+    assert "| first build |" in printed and "| setup without manifest |" in printed
     result = json.loads(out.read_text())
     assert result["files"] == 400
     rows = {r["measure"]: r for r in result["rows"]}
-    assert set(rows) == {"first build", "cached load", "RSS added", "pickled dataset",
+    assert set(rows) == {"first build", "cached load", "setup without manifest", "RSS added", "pickled dataset",
                          "worker memory growth / epoch", "spawn: first batch"}
-    assert all(r["imagefolder"] > 0 and r["feedline"] > 0 and r["ratio"] > 0 for r in rows.values())
+    for name, row in rows.items():
+        kinds = {"imagefolder", "lazy_folder"} if name == "setup without manifest" else {"imagefolder", "folder", "lazy_folder"}
+        assert set(row["values"]) == kinds and all(v > 0 for v in row["values"].values())
+    assert {t["met"] for r in rows.values() for t in r["targets"].values()} <= {True, False}
+    assert rows["first build"]["targets"]["folder"]["target"] == ">= 3x faster"
