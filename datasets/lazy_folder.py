@@ -36,7 +36,10 @@ class LayoutError(ValueError):
 
 # -- one class directory ------------------------------------------------------------------------------
 def _visible_names(path: str) -> list[str]:
-    return [n for n in os.listdir(path) if not n.startswith(".")]
+    names = os.listdir(path)
+    if "\0." not in "\0" + "\0".join(names):  # the usual case, checked in C: nothing hidden
+        return names
+    return [n for n in names if not n.startswith(".")]
 
 
 def _extension_of(root: str, name: str, names: list[str], extension: str | None) -> str:

@@ -28,11 +28,11 @@ def tree(tmp_path) -> str:
 def make_cfg(tmp_path):
     """Compose ``conf/train.yaml`` with overrides, as ``python train.py ...`` would, outputs in tmp_path."""
 
-    def _make(*overrides: str):
+    def _make(*overrides: str, config: str = "train"):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(
-                "train",
+                config,
                 overrides=[
                     f"paths.output_dir={tmp_path / 'out'}",
                     f"paths.cache_dir={tmp_path / 'cache'}",

@@ -168,3 +168,14 @@ def test_filesystem_type_reads_the_mount_table(tmp_path):
     from datasets.scan import filesystem_type
 
     assert filesystem_type(str(tmp_path)) != ""
+
+
+def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):
+    import datasets.scan as scan
+
+    root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
+    monkeypatch.setattr(scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)")
+    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
+        open_index(root, cache_dir=tmp_path / "cache", workers=2)
+    assert problem(index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")) == "missing"

@@ -31,12 +31,20 @@ def _torchvision_reads(head: bytes) -> bool:
 
 
 def decode(payload) -> torch.Tensor:
-    """Decode encoded bytes (numpy uint8 array, bytes or uint8 tensor) to a uint8 (3, H, W) tensor."""
+    """Payload -> uint8 (3, H, W) tensor. Encoded bytes (numpy uint8 array, bytes or uint8 tensor) are
+    decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         payload = np.frombuffer(payload, dtype=np.uint8)
     data = torch.as_tensor(payload)
+    if data.dim() == 3 and data.dtype == torch.uint8:
+        channels = data.shape[0]
+        if channels == 3:
+            return data
+        if channels in (1, 4):
+            return data[:1].expand(3, -1, -1) if channels == 1 else data[:3]
     if data.dtype != torch.uint8 or data.dim() != 1:
-        raise DecodeError(f"expected encoded image bytes (1-D uint8), got {data.dtype} of shape {tuple(data.shape)}")
+        raise DecodeError(f"expected encoded image bytes (1-D uint8) or a uint8 (C, H, W) array, "
+                          f"got {data.dtype} of shape {tuple(data.shape)}")
     if data.numel() == 0:
         raise DecodeError("empty file")
     head = data[:12].numpy().tobytes()

@@ -1,0 +1,162 @@
+"""Write any source's samples into one HDF5 file (the layout ``datasets/hdf5.py`` reads).
+
+Every input is decoded (which validates it) in a process pool, resized when asked, and written in
+chunks, in the source's sample order. The file is written under a temporary name and renamed into place
+at the end: an interrupted conversion leaves no file that looks complete, and a rerun starts clean.
+Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+import torch
+from torchvision.io import encode_jpeg
+from torchvision.transforms.v2 import functional as F
+from tqdm.auto import tqdm
+
+from datamodules.knobs import available_cpus
+from datasets.hdf5 import FORMAT
+from transforms.decode import DecodeError, decode
+
+log = logging.getLogger(__name__)
+
+MODES = ("encoded", "raw")
+
+
+@dataclass
+class Options:
+    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized); raw: uint8 HWC arrays
+    max_side: int | None = None  # encoded: shrink so the longer side is at most this
+    size: int | None = None  # raw: resize the shorter side to this, then centre-crop a size x size square
+    quality: int = 90  # JPEG quality for re-encoded images
+    workers: int | str = "auto"
+    chunk: int = 256  # rows per task and per write
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
+        if self.mode == "raw" and not self.size:
+            raise ValueError("out.mode=raw stores fixed-size arrays: set out.size (e.g. out.size=256)")
+        if self.max_side is not None and int(self.max_side) < 1:
+            raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
+        if not 1 <= int(self.quality) <= 100:
+            raise ValueError(f"out.quality={self.quality} must be in 1..100")
+
+
+# -- worker side ----------------------------------------------------------------------------------------
+_records = None
+_options: Options | None = None
+
+
+def _init(records, options: Options) -> None:
+    global _records, _options
+    _records, _options = records, options
+    torch.set_num_threads(1)
+
+
+def _shrink(image: torch.Tensor, max_side: int) -> torch.Tensor:
+    h, w = image.shape[-2:]
+    scale = max_side / max(h, w)
+    if scale >= 1:
+        return image
+    return F.resize(image, [max(1, round(h * scale)), max(1, round(w * scale))], antialias=True)
+
+
+def _prepare(i: int):
+    """(payload, label, None) or (None, None, 'path<TAB>error') for sample ``i``."""
+    try:
+        payload, label = _records[i]
+        image = decode(payload)
+    except (OSError, DecodeError) as err:
+        return None, None, f"{_records.describe(i)}\t{err}"
+    if _options.mode == "raw":
+        image = F.center_crop(F.resize(image, int(_options.size), antialias=True), [int(_options.size)] * 2)
+        return image.permute(1, 2, 0).contiguous().numpy(), label, None
+    if _options.max_side and max(image.shape[-2:]) > int(_options.max_side):
+        payload = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
+    return np.asarray(payload, dtype=np.uint8), label, None
+
+
+def _prepare_chunk(indices: range) -> list:
+    return [_prepare(i) for i in indices]
+
+
+# -- writer side ----------------------------------------------------------------------------------------
+def convert(records, classes: list[str], out_path: str, options: Options, description: str = "") -> dict:
+    """Write ``records`` to ``out_path``; returns the summary (images, bytes, skipped, seconds)."""
+    options.check()
+    out_path = os.path.abspath(os.path.expanduser(out_path))
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    partial = out_path + ".partial"
+    report = out_path + ".skipped.tsv"
+    n = len(records)
+    workers = available_cpus() if options.workers in ("auto", None) else max(1, int(options.workers))
+    chunk = max(1, int(options.chunk))
+    started = time.perf_counter()
+    skipped: list[str] = []
+    written = 0
+    try:
+        with h5py.File(partial, "w") as f:
+            images = _create_images(f, n, options, chunk)
+            labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
+            tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
+            with (
+                ProcessPoolExecutor(workers, initializer=_init, initargs=(records, options)) as pool,
+                tqdm(total=n, desc=f"converting to {os.path.basename(out_path)}", unit="img") as bar,
+            ):
+                for results in pool.map(_prepare_chunk, tasks):
+                    rows = [(p, lab) for p, lab, err in results if err is None]
+                    skipped.extend(err for _, _, err in results if err is not None)
+                    if rows:
+                        block = [p for p, _ in rows]
+                        images[written : written + len(rows)] = np.stack(block) if options.mode == "raw" else block
+                        labels[written : written + len(rows)] = [lab for _, lab in rows]
+                        written += len(rows)
+                    bar.update(len(results))
+            images.resize((written, *images.shape[1:]))
+            labels.resize((written,))
+            f.attrs.update({
+                "feedline_format": FORMAT,
+                "classes": json.dumps(list(classes), ensure_ascii=False),
+                "mode": options.mode,
+                "max_side": options.max_side or 0,
+                "size": options.size or 0,
+                "quality": options.quality,
+                "source": description,
+                "skipped": len(skipped),
+            })
+        os.replace(partial, out_path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+    if skipped:
+        with open(report, "w", encoding="utf-8") as f:
+            f.write("path\terror\n")
+            f.writelines(line.replace("\n", " ") + "\n" for line in skipped)
+        log.warning("skipped %d unreadable input(s); listed in %s", len(skipped), report)
+    elif os.path.exists(report):
+        os.remove(report)
+    seconds = time.perf_counter() - started
+    return {"path": out_path, "images": written, "bytes": os.path.getsize(out_path), "skipped": len(skipped),
+            "seconds": round(seconds, 2), "images_per_s": round(n / seconds, 1) if seconds else None,
+            "report": report if skipped else None}
+
+
+def _create_images(f: h5py.File, n: int, options: Options, chunk: int):
+    if options.mode == "raw":
+        side = int(options.size)
+        images = f.create_dataset("images", shape=(n, side, side, 3), maxshape=(None, side, side, 3),
+                                  dtype=np.uint8, chunks=(1, side, side, 3))
+        images.attrs["layout"] = "hwc"
+        return images
+    return f.create_dataset("images", shape=(n,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
+                            chunks=(min(chunk, max(n, 1)),))

@@ -1,0 +1,192 @@
+"""hdf5 source and convert.py: round trips, foreign layouts, workers, interruptions, truncation."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import datasets.hdf5_write as hdf5_write
+from convert import run_convert
+from datamodules.samples import SampleDataset
+from datasets.folder import FolderSource
+from datasets.hdf5 import HDF5Source
+from tests.conftest import FAST
+from tests.helpers import make_tree, simple_tree
+from train import train
+from transforms.collate import Uint8Collate
+from transforms.decode import decode
+
+
+def _convert(make_cfg, tree, out, *overrides):
+    cfg = make_cfg("source=folder", f"source.root={tree}", f"out.path={out}", *overrides, config="convert")
+    return run_convert(cfg)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = make_tree(tmp_path / "tree", {c: [f"{i}.png" for i in range(5)] + ["x.jpg"] for c in ("a", "b", "c")})
+    return root
+
+
+def test_encoded_round_trip_is_pixel_identical(make_cfg, tree, tmp_path):
+    summary = _convert(make_cfg, tree, tmp_path / "out.h5")
+    assert summary["images"] == 18 and summary["skipped"] == 0 and os.path.exists(tmp_path / "out.h5")
+    folder = FolderSource(tree, val_fraction=0).split("train")
+    h5 = HDF5Source(tmp_path / "out.h5", val_fraction=0).split("train")
+    assert len(h5) == len(folder)
+    for i in range(len(folder)):
+        (a, la), (b, lb) = folder[i], h5[i]
+        assert la == lb and torch.equal(decode(a), decode(b))
+
+
+def test_file_layout_and_attributes(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert h5py.check_vlen_dtype(f["images"].dtype) == np.dtype("uint8")
+        assert f["labels"].dtype == np.int64 and f["labels"][:].tolist() == [0] * 6 + [1] * 6 + [2] * 6
+        assert f.attrs["classes"] == '["a", "b", "c"]' and f.attrs["mode"] == "encoded"
+
+
+def test_max_side_and_raw_modes(make_cfg, tmp_path):
+    root = make_tree(tmp_path / "t", {"a": ["0.png"], "b": ["0.png"]})
+    big = np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+    from PIL import Image
+
+    Image.fromarray(big).save(os.path.join(root, "a", "0.png"))
+    _convert(make_cfg, root, tmp_path / "small.h5", "out.max_side=30")
+    assert decode(HDF5Source(tmp_path / "small.h5", val_fraction=0).split("train")[0][0]).shape == (3, 20, 30)
+    _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.size=16")
+    with h5py.File(tmp_path / "raw.h5") as f:
+        assert f["images"].shape == (2, 16, 16, 3) and f["images"].dtype == np.uint8
+    payload, _ = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")[0]
+    assert payload.shape == (3, 16, 16) and decode(payload).dtype == torch.uint8
+
+
+def test_raw_mode_needs_a_size(make_cfg, tree, tmp_path):
+    with pytest.raises(ValueError, match=r"out\.size"):
+        _convert(make_cfg, tree, tmp_path / "raw.h5", "out.mode=raw")
+
+
+def test_foreign_float_chw_file_trains_by_config_alone(make_cfg, tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.random((24, 3, 8, 8), dtype=np.float32)
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = images
+        f["y"] = np.arange(24, dtype=np.int64) % 3
+    source = HDF5Source(tmp_path / "foreign.h5", images_key="x", labels_key="y", val_fraction=0.25)
+    assert source.classes == ["0", "1", "2"]
+    payload, label = source.split("train")[0]
+    assert payload.dtype == np.uint8 and payload.shape == (3, 8, 8)
+    assert np.array_equal(payload, np.rint(images[0] * 255).astype(np.uint8))
+    val = source.split("val")
+    assert len(val) == 6 and sorted(val[i][1] for i in range(6)) == [0, 0, 1, 1, 2, 2]
+    cfg = make_cfg(*FAST, "source=hdf5", f"source.path={tmp_path / 'foreign.h5'}", "source.images_key=x",
+                   "source.labels_key=y", "source.layout=chw", "transforms=digits")
+    assert train(cfg)["metrics"]["train/loss"] > 0
+
+
+def test_spawn_workers_read_batches(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    records = HDF5Source(tmp_path / "out.h5", val_fraction=0).split("train")
+    records[0]  # a handle opened in the parent must not travel to the workers
+    from torchvision.transforms import v2
+
+    dataset = SampleDataset(records, v2.Resize([8, 8]))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=Uint8Collate(),
+                                         multiprocessing_context="spawn")
+    labels = torch.cat([batch.label for batch in loader])
+    assert labels.tolist() == [0] * 6 + [1] * 6 + [2] * 6
+
+
+def test_batch_reads_equal_single_reads(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    records = HDF5Source(tmp_path / "out.h5", val_fraction=0.3, seed=2).split("train")
+    picks = [5, 1, 9, 1, 0]
+    batch = records.getitems(picks)
+    assert [lab for _, lab in batch] == [records[i][1] for i in picks]
+    assert all(np.array_equal(p, records[i][0]) for (p, _), i in zip(batch, picks))
+
+
+def test_split_matches_the_folder_source(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    folder = FolderSource(tree, val_fraction=0.34, seed=5).split("val")
+    h5 = HDF5Source(tmp_path / "out.h5", val_fraction=0.34, seed=5).split("val")
+    assert [bytes(folder[i][0]) for i in range(len(folder))] == [bytes(h5[i][0]) for i in range(len(h5))]
+
+
+def test_corrupt_inputs_are_skipped_and_reported(make_cfg, tree, tmp_path):
+    (tmp_path / "tree" / "b" / "2.png").write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    summary = _convert(make_cfg, tree, tmp_path / "out.h5")
+    assert summary["images"] == 17 and summary["skipped"] == 1
+    report = (tmp_path / "out.h5.skipped.tsv").read_text()
+    assert os.path.join(tree, "b", "2.png") in report
+
+
+def test_interrupted_conversion_leaves_no_complete_looking_file(make_cfg, tree, tmp_path, monkeypatch):
+    def boom(indices):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hdf5_write, "ProcessPoolExecutor", _InlinePool)
+    monkeypatch.setattr(hdf5_write, "_prepare_chunk", boom)
+    with pytest.raises(KeyboardInterrupt):
+        _convert(make_cfg, tree, tmp_path / "out.h5")
+    assert not os.path.exists(tmp_path / "out.h5") and not os.path.exists(tmp_path / "out.h5.partial")
+    monkeypatch.undo()
+    assert _convert(make_cfg, tree, tmp_path / "out.h5")["images"] == 18  # a rerun starts clean
+
+
+class _InlinePool:
+    def __init__(self, workers, initializer, initargs):
+        initializer(*initargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, tasks):
+        return map(fn, tasks)
+
+
+def test_truncated_file_error_names_it(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    data = (tmp_path / "out.h5").read_bytes()
+    (tmp_path / "cut.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(OSError, match=r"source\.path '.*cut\.h5' cannot be read as HDF5.*truncated"):
+        HDF5Source(tmp_path / "cut.h5")
+
+
+def test_missing_key_lists_what_the_file_holds(tmp_path):
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["pixels"] = np.zeros((2, 4, 4, 3), np.uint8)
+        f["labels"] = np.zeros(2, np.int64)
+    with pytest.raises(KeyError, match=r"no dataset 'images'.*source\.images_key.*pixels"):
+        HDF5Source(tmp_path / "f.h5")
+
+
+def test_train_from_a_converted_file(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "t")
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    cfg = make_cfg(*FAST, "source=hdf5", f"source.path={tmp_path / 'out.h5'}", "transforms=digits", "data.num_workers=2")
+    assert train(cfg)["metrics"]["train/loss"] > 0
+
+
+def test_bad_payload_in_a_file_is_a_bad_sample(tmp_path, caplog):
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        images = f.create_dataset("images", (3,), dtype=h5py.vlen_dtype(np.uint8))
+        from tests.helpers import image_bytes
+
+        images[0] = np.frombuffer(image_bytes(".png"), np.uint8)
+        images[1] = np.frombuffer(b"garbage", np.uint8)
+        images[2] = np.frombuffer(image_bytes(".png", seed=3), np.uint8)
+        f["labels"] = np.array([0, 1, 1])
+    dataset = SampleDataset(HDF5Source(tmp_path / "f.h5", val_fraction=0).split("train"))
+    with caplog.at_level(logging.WARNING):
+        out = dataset.__getitems__([0, 1, 2])
+    assert len(out) == 3 and "f.h5:images[1]" in caplog.text
