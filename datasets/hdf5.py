@@ -101,10 +101,21 @@ class HDF5Records:
         return self._payload(self.images[j]), int(self.labels.array[j])
 
     def getitems(self, indices) -> list:
-        """Read many samples with one increasing fancy-index read (what h5py reads fastest)."""
+        """Read a batch in increasing row order. Variable-length rows: one fancy-index read (measured 2x
+        faster than row by row). Fixed-size arrays: consecutive runs as slices into one block, because
+        h5py's fancy indexing on chunked arrays is pathological (measured: 1.5 s for 64 rows of 256x256x3,
+        against 15 ms row by row)."""
         rows = np.fromiter((self._row(i) for i in indices), dtype=np.int64, count=len(indices))
         unique, inverse = np.unique(rows, return_inverse=True)
-        block = self.images[unique] if len(unique) > 1 else self.images[int(unique[0]) : int(unique[0]) + 1]
+        images = self.images
+        if self.encoded:
+            block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
+        else:
+            block = np.empty((len(unique), *images.shape[1:]), dtype=images.dtype)
+            breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+            for start, stop in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(unique)]])):
+                first = int(unique[start])
+                images.read_direct(block, np.s_[first : first + stop - start], np.s_[start:stop])
         labels = self.labels.array
         return [(self._payload(block[k]), int(labels[rows[n]])) for n, k in enumerate(inverse)]
 

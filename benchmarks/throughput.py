@@ -1,0 +1,212 @@
+"""Loader throughput: torchvision ImageFolder's classic pipeline against feedline's backends, one run.
+
+    python benchmarks/throughput.py [--images 5000] [--workers 2] [--repeat 3] [--json results.json]
+
+Data: an ImageNet-like tree of JPEGs (about 500x375, quality 75-95) cut from the two photos scikit-learn
+ships, made once under --data-dir, and its HDF5 conversions (encoded; encoded with max_side=256; raw 256).
+Every row applies the same training crop (RandomResizedCrop 224 + flip) with the same number of workers
+and counts images/s over full epochs after a warm-up; rows alternate and the median repeat is reported.
+
+The anchors: ImageFolder with PIL, ToTensor and Normalize (the classic pipeline), and a plain h5py
+Dataset that opens its file in ``__getitem__`` (the usual fix for "HDF5 breaks with workers"), given the
+same decode and transforms as feedline so that only the reading differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+# -- data -----------------------------------------------------------------------------------------------
+def ensure_jpeg_tree(data_dir: str, images: int, classes: int = 10) -> str:
+    """JPEG crops of scikit-learn's sample photos, landscape and portrait, at random qualities."""
+    root = os.path.join(data_dir, f"jpeg-{images}")
+    if os.path.exists(root + ".complete"):
+        return root
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+    from tqdm import tqdm
+
+    photos = [Image.fromarray(p) for p in load_sample_images().images]  # 427 x 640
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(os.path.join(root, f"n{c:04d}"), exist_ok=True)
+    for i in tqdm(range(images), desc="writing JPEG tree", unit="img"):
+        photo = photos[i % len(photos)]
+        w, h = (500, 375) if rng.random() < 0.75 else (375, 427)
+        x, y = int(rng.integers(0, photo.width - w + 1)), int(rng.integers(0, photo.height - h + 1))
+        crop = photo.crop((x, y, x + w, y + h))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        crop.save(os.path.join(root, f"n{i % classes:04d}", f"img_{i:06d}.JPEG"), quality=int(rng.integers(75, 96)))
+    open(root + ".complete", "w").close()
+    return root
+
+
+def ensure_hdf5(root: str, name: str, **options) -> str:
+    from datasets.folder import FolderSource
+    from datasets.hdf5_write import Options, convert
+
+    path = os.path.join(os.path.dirname(root), f"{os.path.basename(root)}-{name}.h5")
+    if not os.path.exists(path):
+        source = FolderSource(root, val_fraction=0, cache_dir=os.path.join(os.path.dirname(root), "cache"))
+        convert(source.split("train"), source.classes, path, Options(**options))
+    return path
+
+
+# -- rows -----------------------------------------------------------------------------------------------
+def train_stack():
+    """feedline's `imagenet` training stack, built from conf/transforms/imagenet.yaml."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.load(os.path.join(ROOT, "conf", "transforms", "imagenet.yaml"))).train
+
+
+class PlainH5(Dataset):
+    """The common hand-written HDF5 Dataset: opens the file in every ``__getitem__``."""
+
+    def __init__(self, path: str, transform):
+        import h5py
+
+        self.path, self.transform = path, transform
+        with h5py.File(path, "r") as f:
+            self.length = len(f["labels"])
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        import h5py
+
+        from transforms.decode import decode
+
+        with h5py.File(self.path, "r") as f:
+            data, label = f["images"][i], int(f["labels"][i])
+        image = torch.from_numpy(data).permute(2, 0, 1) if data.ndim == 3 else decode(data)
+        return self.transform(image), label
+
+
+def make_row(name: str, tree: str, files: dict[str, str], cache: str):
+    """(dataset, collate) for one row."""
+    from datamodules.samples import SampleDataset
+    from datasets.folder import FolderSource
+    from datasets.hdf5 import HDF5Source
+    from transforms.collate import Uint8Collate
+
+    if name == "ImageFolder (PIL classic)":
+        from torchvision import transforms as T
+        from torchvision.datasets import ImageFolder
+
+        classic = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+        return ImageFolder(tree, transform=classic), None
+    stack = train_stack()
+    kind, _, variant = name.partition(" ")
+    if kind == "folder":
+        return SampleDataset(FolderSource(tree, val_fraction=0, cache_dir=cache).split("train"), stack), Uint8Collate()
+    path = files[variant.strip("()")]
+    if kind == "hdf5":
+        return SampleDataset(HDF5Source(path, val_fraction=0, cache_dir=cache).split("train"), stack), Uint8Collate()
+    return PlainH5(path, stack), Uint8Collate()
+
+
+ROWS = [
+    "ImageFolder (PIL classic)",
+    "folder",
+    "hdf5 (encoded)",
+    "h5py-plain (encoded)",
+    "hdf5 (max_side=256)",
+    "h5py-plain (max_side=256)",
+    "hdf5 (raw 256)",
+    "h5py-plain (raw 256)",
+]
+
+
+def measure(dataset, collate, workers: int, batch_size: int, epochs: int = 1, warmup: int = 2) -> float:
+    """Images/s over ``epochs`` shuffled epochs, after ``warmup`` batches (worker start-up excluded)."""
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers, collate_fn=collate,
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None, drop_last=True)
+    count, start = 0, None
+    for epoch in range(epochs + 1):
+        for k, batch in enumerate(loader):
+            if epoch == 0 and k < warmup:
+                continue
+            if start is None:
+                start = time.perf_counter()
+            count += len(batch[1])
+        if epoch == 0 and start is None:
+            raise ValueError("dataset too small for the warm-up")
+    return count / (time.perf_counter() - start)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rows", default=None, help="comma-separated subset of rows, by name")
+    parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    tree = ensure_jpeg_tree(args.data_dir, args.images)
+    files = {
+        "encoded": ensure_hdf5(tree, "encoded"),
+        "max_side=256": ensure_hdf5(tree, "max256", max_side=256),
+        "raw 256": ensure_hdf5(tree, "raw256", mode="raw", size=256),
+    }
+    cache = os.path.join(args.data_dir, "cache")
+    rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
+    rates: dict[str, list[float]] = {r: [] for r in rows}
+    for _ in range(args.repeat):
+        for row in rows:
+            dataset, collate = make_row(row, tree, files, cache)
+            rates[row].append(measure(dataset, collate, args.workers, args.batch_size))
+    median = {r: statistics.median(v) for r, v in rates.items()}
+    anchor = median.get(ROWS[0])
+
+    targets = {"hdf5 (max_side=256)": 4.0, "hdf5 (raw 256)": 6.0}
+    result_rows = []
+    print(f"\nthroughput: {args.images} JPEGs (~500x375), RandomResizedCrop 224 + flip, {args.workers} workers, "
+          f"batch {args.batch_size}; images/s, median of {args.repeat}\n")
+    print("| row | images/s | vs ImageFolder | target | met |\n|---|---:|---:|---|---|")
+    for row in rows:
+        ratio = median[row] / anchor if anchor else None
+        checks = []
+        if row in targets and ratio is not None:
+            checks.append((f">= {targets[row]:g}x ImageFolder", ratio >= targets[row]))
+        if row.startswith("hdf5"):
+            plain = "h5py-plain" + row[4:]
+            if plain in median:
+                checks.append((f">= h5py-plain ({median[row] / median[plain]:.2f}x)", median[row] >= median[plain]))
+        target = "; ".join(t for t, _ in checks)
+        met = "; ".join("yes" if ok else "NO" for _, ok in checks)
+        print(f"| {row} | {median[row]:.0f} | {f'{ratio:.2f}x' if ratio else ''} | {target} | {met} |")
+        result_rows.append({"row": row, "images_per_s": median[row], "runs": rates[row], "ratio": ratio,
+                            "checks": [{"target": t, "met": bool(ok)} for t, ok in checks]})
+    result = {"images": args.images, "workers": args.workers, "batch_size": args.batch_size,
+              "repeat": args.repeat, "rows": result_rows}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
