@@ -49,12 +49,22 @@ def open_hdf5(path: str, key: str = "source.path") -> h5py.File:
         ) from None
 
 
+def _mappable(dataset) -> tuple | None:
+    """(file offset, shape, dtype) when numpy can map the dataset directly: contiguous, uncompressed,
+    allocated, and of a plain numeric type."""
+    if dataset.chunks is not None or dataset.compression or dataset.dtype.kind not in "uif":
+        return None
+    offset = dataset.id.get_offset()
+    return None if offset is None else (int(offset), tuple(dataset.shape), dataset.dtype.str)
+
+
 class HDF5Records:
     """One split of an HDF5 file. Payload: encoded bytes (uint8, 1-D) or a uint8 (3, H, W) array."""
 
     def __init__(self, path: str, images_key: str, encoded: bool, layout: str, scale: float,
-                 labels: LazyArray, subset: LazyArray | None = None):
+                 labels: LazyArray, subset: LazyArray | None = None, mapped: tuple | None = None):
         self.path = path
+        self.mapped = mapped  # (offset, shape, dtype) of a contiguous, uncompressed array dataset
         self.images_key = images_key
         self.encoded = encoded
         self.layout = layout
@@ -71,8 +81,15 @@ class HDF5Records:
 
     @property
     def images(self):
+        """The images dataset, opened in this process. A contiguous, uncompressed array dataset is
+        memory-mapped instead: rows come straight from the page cache, shared by every worker, with no
+        HDF5 call per read."""
         if self._pid != os.getpid():  # first use in this process (or a fork inherited the parent's)
-            self._images = open_hdf5(self.path)[self.images_key]
+            if self.mapped is not None:
+                offset, shape, dtype = self.mapped
+                self._images = np.memmap(self.path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+            else:
+                self._images = open_hdf5(self.path)[self.images_key]
             self._pid = os.getpid()
         return self._images
 
@@ -110,6 +127,8 @@ class HDF5Records:
         images = self.images
         if self.encoded:
             block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
+        elif isinstance(images, np.memmap):
+            block = images[unique]
         else:
             block = np.empty((len(unique), *images.shape[1:]), dtype=images.dtype)
             breaks = np.flatnonzero(np.diff(unique) != 1) + 1
@@ -162,6 +181,7 @@ class HDF5Source:
                 "scale": SCALES[str(dtype)] if dtype else (255.0 if images.dtype.kind in "ui" else 1.0),
                 "classes": self._read_classes(f, labels),
                 "n": len(labels),
+                "mapped": _mappable(images) if not encoded else None,
             }
         return info
 
@@ -222,7 +242,8 @@ class HDF5Source:
         path = self.val_path if name == "val" and self.val_path else self.path
         info = self._files[path]
         labels = LazyArray(self._labels(path))
-        records = HDF5Records(path, self.images_key, info["encoded"], info["layout"], info["scale"], labels)
+        records = HDF5Records(path, self.images_key, info["encoded"], info["layout"], info["scale"], labels,
+                              mapped=info["mapped"])
         if path == self.val_path or (name == "train" and not self.val_fraction):
             return records
         array = labels.array

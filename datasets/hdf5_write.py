@@ -121,7 +121,7 @@ def convert(records, classes: list[str], out_path: str, options: Options, descri
                         labels[written : written + len(rows)] = [lab for _, lab in rows]
                         written += len(rows)
                     bar.update(len(results))
-            images.resize((written, *images.shape[1:]))
+            images = _trim(f, images, written)
             labels.resize((written,))
             f.attrs.update({
                 "feedline_format": FORMAT,
@@ -151,11 +151,27 @@ def convert(records, classes: list[str], out_path: str, options: Options, descri
             "report": report if skipped else None}
 
 
+def _trim(f: h5py.File, images, written: int):
+    """Drop the rows of skipped inputs. A contiguous dataset cannot shrink: copy it to its final size."""
+    if written == len(images):
+        return images
+    if images.chunks is not None:
+        images.resize((written, *images.shape[1:]))
+        return images
+    trimmed = f.create_dataset("images_trimmed", shape=(written, *images.shape[1:]), dtype=images.dtype)
+    for start in range(0, written, 256):
+        trimmed[start : start + 256] = images[start : min(written, start + 256)]
+    trimmed.attrs.update(dict(images.attrs))
+    del f["images"]
+    f.move("images_trimmed", "images")
+    return f["images"]
+
+
 def _create_images(f: h5py.File, n: int, options: Options, chunk: int):
     if options.mode == "raw":
+        # Contiguous and uncompressed, so readers can memory-map the rows (see HDF5Records).
         side = int(options.size)
-        images = f.create_dataset("images", shape=(n, side, side, 3), maxshape=(None, side, side, 3),
-                                  dtype=np.uint8, chunks=(1, side, side, 3))
+        images = f.create_dataset("images", shape=(n, side, side, 3), dtype=np.uint8)
         images.attrs["layout"] = "hwc"
         return images
     return f.create_dataset("images", shape=(n,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import h5py
+import numpy as np
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
@@ -28,11 +30,21 @@ def test_every_group_has_options():
             "hydra", "experiment"} <= groups
 
 
+def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
+    """What each source needs set before it can be built."""
+    if option == "hdf5":
+        path = tmp_path / "tiny.h5"
+        with h5py.File(path, "w") as f:
+            f["images"] = np.zeros((4, 3, 8, 8), np.float32)
+            f["labels"] = np.array([0, 1, 2, 0])
+        return ["source=hdf5", f"source.path={path}"]
+    return [f"source={option}", f"source.root={tree}"]
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes_and_instantiates(make_cfg, tree, group, option):
-    overrides = [f"{group}={option}"] if group != "source" or option != "folder" else []
-    cfg = make_cfg(*overrides, "source=folder" if group != "source" else f"source={option}",
-                   f"source.root={tree}")
+def test_every_option_composes_and_instantiates(make_cfg, tree, tmp_path, group, option):
+    source = _source_overrides(option if group == "source" else "folder", tree, tmp_path)
+    cfg = make_cfg(*source, *([f"{group}={option}"] if group != "source" else []))
     for key in cfg:  # every interpolation resolves
         if key != "hydra":
             OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]

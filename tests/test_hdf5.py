@@ -190,3 +190,32 @@ def test_bad_payload_in_a_file_is_a_bad_sample(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         out = dataset.__getitems__([0, 1, 2])
     assert len(out) == 3 and "f.h5:images[1]" in caplog.text
+
+
+@pytest.mark.slow
+def test_convert_cli(tmp_path, tree):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT_DIR
+
+    out = tmp_path / "cli.h5"
+    cmd = [sys.executable, "convert.py", "source=folder", f"source.root={tree}", f"out.path={out}",
+           f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "converted 18 images" in done.stderr + done.stdout and out.exists()
+
+
+def test_contiguous_arrays_are_memory_mapped_and_match_h5py(make_cfg, tmp_path):
+    root = make_tree(tmp_path / "t", {c: [f"{i}.png" for i in range(4)] for c in ("a", "b")})
+    (tmp_path / "t" / "a" / "2.png").write_bytes(b"broken")  # a skipped input: the raw file is trimmed
+    _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.size=8")
+    records = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")
+    assert records.mapped is not None and isinstance(records.images, np.memmap)
+    with h5py.File(tmp_path / "raw.h5") as f:
+        assert f["images"].shape == (7, 8, 8, 3)
+        for i in range(7):
+            assert np.array_equal(records[i][0], f["images"][i].transpose(2, 0, 1))
+    batch = records.getitems([6, 0, 3])
+    assert [lab for _, lab in batch] == [1, 0, 1] and np.array_equal(batch[0][0], records[6][0])
