@@ -13,7 +13,6 @@ reading every index (copy-on-read); time to first batch with 2 spawn workers, ag
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import pickle
@@ -23,6 +22,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from report import write_json  # noqa: E402 - benchmarks/ is on sys.path when a benchmark runs
 
 MiB = 1024 * 1024
 
@@ -294,10 +295,7 @@ def main(argv=None) -> dict:
         "spawn_tiny_seconds": spawn_tiny["seconds"],
         "raw": {"build": build, "load": load, "no_manifest": bare, "workers": work, "spawn": spawn},
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 

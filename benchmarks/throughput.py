@@ -15,7 +15,6 @@ same decode and transforms as feedline so that only the reading differs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from report import write_json  # noqa: E402 - benchmarks/ is on sys.path when a benchmark runs
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -201,10 +201,7 @@ def main(argv=None) -> dict:
                             "checks": [{"target": t, "met": bool(ok)} for t, ok in checks]})
     result = {"images": args.images, "workers": args.workers, "batch_size": args.batch_size,
               "repeat": args.repeat, "rows": result_rows}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 
