@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+from datasets.scan import available_cpus
 
 
 def resolve_num_workers(value, devices_per_node: int = 1) -> int:

@@ -22,8 +22,8 @@ from torchvision.io import encode_jpeg
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
-from datamodules.knobs import available_cpus
 from datasets.hdf5 import FORMAT
+from datasets.scan import available_cpus
 from transforms.decode import DecodeError, decode
 
 log = logging.getLogger(__name__)

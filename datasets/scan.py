@@ -122,6 +122,7 @@ def scan_plan(root: str, workers="auto") -> tuple[str, int]:
 
 
 def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

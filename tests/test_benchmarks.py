@@ -28,3 +28,16 @@ def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
         assert set(row["values"]) == kinds and all(v > 0 for v in row["values"].values())
     assert {t["met"] for r in rows.values() for t in r["targets"].values()} <= {True, False}
     assert rows["first build"]["targets"]["folder"]["target"] == ">= 3x faster"
+
+
+@pytest.mark.slow
+def test_throughput_benchmark_runs_every_row(tmp_path):
+    out = tmp_path / "throughput.json"
+    cmd = [sys.executable, "benchmarks/throughput.py", "--images", "200", "--batch-size", "16", "--repeat", "1",
+           "--data-dir", str(tmp_path / "data"), "--json", str(out)]
+    printed = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600).stdout
+    assert "| ImageFolder (PIL classic) |" in printed
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 8 and all(r["images_per_s"] > 0 for r in rows.values())
+    assert rows["ImageFolder (PIL classic)"]["ratio"] == 1.0
+    assert [c["target"] for c in rows["hdf5 (raw 256)"]["checks"]][0] == ">= 6x ImageFolder"
