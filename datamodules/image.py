@@ -14,7 +14,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
-from datamodules.samples import OnBadSample, SampleDataset
+from datamodules.samples import SampleDataset, parse_on_bad_sample
 from transforms.collate import Batch, DefaultCollate
 from transforms.stacks import TransformStacks
 
@@ -47,7 +47,7 @@ class ImageDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = bool(persistent_workers)
         self.prefetch_factor = prefetch_factor
-        self.on_bad_sample = OnBadSample.parse(on_bad_sample)
+        self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.multiprocessing_context = multiprocessing_context
         self.drop_last = bool(drop_last)
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built

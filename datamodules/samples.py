@@ -16,17 +16,16 @@ log = logging.getLogger(__name__)
 MAX_SUBSTITUTES = 16
 
 
-class OnBadSample(str, Enum):
-    skip = "skip"
-    raise_ = "raise"
+# Functional form, because `raise` cannot be a class attribute; the typed `data` config uses this enum,
+# so `data.on_bad_sample=ignore` fails at composition with the valid names listed.
+OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
 
-    @classmethod
-    def parse(cls, value) -> OnBadSample:
-        value = getattr(value, "value", value)
-        for member in cls:
-            if member.value == value:
-                return member
-        raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise")
+
+def parse_on_bad_sample(value) -> OnBadSample:
+    try:
+        return OnBadSample(getattr(value, "value", value))
+    except ValueError:
+        raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise") from None
 
 
 class BadSampleError(RuntimeError):
@@ -44,7 +43,7 @@ class SampleDataset(Dataset):
     def __init__(self, records, transform: Callable | None = None, on_bad_sample="skip"):
         self.records = records
         self.transform = transform
-        self.on_bad_sample = OnBadSample.parse(on_bad_sample)
+        self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -74,7 +73,7 @@ class SampleDataset(Dataset):
                 image, label = decode(record[0]), record[1]
         except (OSError, DecodeError) as err:
             path = self.records.describe(i)
-            if self.on_bad_sample is OnBadSample.raise_:
+            if self.on_bad_sample is OnBadSample["raise"]:
                 raise BadSampleError(
                     f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
                 ) from err

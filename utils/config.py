@@ -7,14 +7,11 @@ misspelt key (``data.batchsize=``) or a wrong type (``data.batch_size=big``) fai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-# Functional form, because `raise` cannot be a class attribute: `data.on_bad_sample=ignore` fails at
-# composition with the valid names listed.
-OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
+from datamodules.samples import OnBadSample
 
 
 @dataclass
