@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
@@ -91,7 +92,7 @@ class ImageDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 1, 1, False
-        on_gpu = type(trainer.accelerator).__name__ == "CUDAAccelerator"
+        on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
         return trainer.world_size, max(1, trainer.num_devices), on_gpu
 
     def loader_settings(self) -> dict:

@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
-from datasets.index import REFRESH_MODES, FolderIndex, PackedIndex, open_index
+from datasets.index import FolderIndex, PackedIndex, check_refresh, open_index
 from datasets.records import LazyArray, read_bytes, require_dir
 from datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
-from datasets.splits import cached_split
+from datasets.splits import cached_split, check_fraction
 
 SPLITS = ("train", "val")
 
@@ -68,16 +68,12 @@ class FolderSource:
     ):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
-        self.val_fraction = float(val_fraction)
+        self.val_fraction = check_fraction(val_fraction)
         self.seed = int(seed)
         self.extensions = normalize_extensions(extensions)
         self.cache_dir = cache_dir
-        self.refresh = str(refresh)
+        self.refresh = check_refresh(refresh)
         self.scan_workers = scan_workers
-        if self.refresh not in REFRESH_MODES:
-            raise ValueError(f"source.refresh={refresh!r} is not one of: {', '.join(REFRESH_MODES)}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"source.val_fraction={val_fraction} must be in [0, 1)")
         if self.val_root and self.val_fraction:
             self.val_fraction = 0.0  # val comes from val_root; train keeps every sample of root
         self._indexes: dict[str, FolderIndex] = {}

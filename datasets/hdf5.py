@@ -28,7 +28,7 @@ import numpy as np
 
 from datasets.index import default_cache_dir
 from datasets.records import LazyArray
-from datasets.splits import cached_split
+from datasets.splits import cached_split, check_fraction
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class HDF5Source:
                  dtype: str | None = None, classes=None, cache_dir: str | None = None):
         self.path = os.path.abspath(os.path.expanduser(str(path)))
         self.val_path = os.path.abspath(os.path.expanduser(str(val_path))) if val_path else None
-        self.val_fraction = 0.0 if self.val_path else float(val_fraction)
+        self.val_fraction = 0.0 if self.val_path else check_fraction(val_fraction)
         self.seed = int(seed)
         self.images_key, self.labels_key = images_key, labels_key
         self.cache_dir = cache_dir
@@ -158,8 +158,6 @@ class HDF5Source:
             raise ValueError(f"source.layout={layout!r} is not one of: {', '.join(LAYOUTS)}")
         if dtype is not None and str(dtype) not in SCALES:
             raise ValueError(f"source.dtype={dtype!r} is not one of: {', '.join(SCALES)} (or null: from the file)")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"source.val_fraction={val_fraction} must be in [0, 1)")
         self._files = {p: self._inspect(p, key, layout, dtype) for p, key in
                        ((self.path, "source.path"), (self.val_path, "source.val_path")) if p}
         self._classes = list(classes) if classes else self._files[self.path]["classes"]

@@ -43,6 +43,13 @@ RACY_WINDOW_NS = 50_000_000
 _ARRAYS = ("paths", "offsets", "labels")
 
 
+def check_refresh(value) -> str:
+    """``source.refresh`` as one of REFRESH_MODES, or an error naming the key."""
+    if str(value) not in REFRESH_MODES:
+        raise ValueError(f"source.refresh={value!r} is not one of: {', '.join(REFRESH_MODES)}")
+    return str(value)
+
+
 def default_cache_dir() -> str:
     return os.environ.get("FEEDLINE_CACHE_DIR") or os.path.join("~", ".cache", "feedline")
 
@@ -98,12 +105,15 @@ class PackedIndex:
 class FolderIndex(PackedIndex):
     """An index with its metadata, as the source sees it in the main process."""
 
-    __slots__ = ("meta",)
+    __slots__ = ("meta", "_dirs")
 
-    def __init__(self, directory):
+    def __init__(self, directory, meta: dict | None = None):
         super().__init__(directory)
-        with open(os.path.join(self.directory, "meta.json"), encoding="utf-8") as f:
-            self.meta = json.load(f)
+        if meta is None:
+            with open(os.path.join(self.directory, "meta.json"), encoding="utf-8") as f:
+                meta = json.load(f)
+        self.meta = meta
+        self._dirs = None
 
     @property
     def root(self) -> str:
@@ -121,31 +131,39 @@ class FolderIndex(PackedIndex):
         return self.meta["num_samples"]
 
     def dirs(self) -> list[tuple[str, int]]:
-        with open(os.path.join(self.directory, "dirs.json"), encoding="utf-8") as f:
-            return json.load(f)
+        if self._dirs is None:
+            with open(os.path.join(self.directory, "dirs.json"), encoding="utf-8") as f:
+                self._dirs = json.load(f)
+        return self._dirs
 
 
 def problem(directory: Path) -> str | None:
     """Why the index at ``directory`` cannot be trusted, or None when it is sound. O(1) in samples."""
+    return _check(directory)[1]
+
+
+def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
+    """(the index, None) when it is sound, else (None, why not): meta.json is read once."""
     meta_path = directory / "meta.json"
     if not meta_path.exists():
-        return "missing"
+        return None, "missing"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
-            return f"format {meta.get('format')!r}, expected {FORMAT}"
+            return None, f"format {meta.get('format')!r}, expected {FORMAT}"
         n = meta["num_samples"]
-        paths, offsets, labels = PackedIndex(directory).arrays
+        index = FolderIndex(directory, meta)
+        paths, offsets, labels = index.arrays
         if offsets.shape != (n + 1,) or labels.shape != (n,):
-            return "array lengths disagree with meta.json"
+            return None, "array lengths disagree with meta.json"
         if offsets[0] != 0 or offsets[-1] != paths.shape[0] or (n and paths[-1] != 0):
-            return "offsets do not span paths.npy"
+            return None, "offsets do not span paths.npy"
         if sum(meta["counts"]) != n or len(meta["counts"]) != len(meta["classes"]):
-            return "class counts disagree with meta.json"
-        json.loads((directory / "dirs.json").read_text(encoding="utf-8"))
+            return None, "class counts disagree with meta.json"
+        index.dirs()  # parsed here, once: a garbled signature means rebuild
     except Exception as err:  # any unreadable piece means: rebuild, never crash
-        return f"{type(err).__name__}: {err}"
-    return None
+        return None, f"{type(err).__name__}: {err}"
+    return index, None
 
 
 def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
@@ -235,7 +253,8 @@ def _publish(tmp: Path, dest: Path, started: int) -> None:
         except OSError:
             if not dest.exists():
                 continue
-        if problem(dest) is None and FolderIndex(dest).meta["scan_started_ns"] >= started:
+        theirs, reason = _check(dest)
+        if reason is None and theirs.meta["scan_started_ns"] >= started:
             return
         aside = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.time_ns()}")
         try:
@@ -249,14 +268,12 @@ def _publish(tmp: Path, dest: Path, started: int) -> None:
 def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = None, refresh: str = "auto",
                key: str = "source.root", workers="auto") -> FolderIndex:
     """The index of ``root``: mapped from the cache when it is sound and fresh, (re)built otherwise."""
-    if refresh not in REFRESH_MODES:
-        raise ValueError(f"source.refresh={refresh!r} is not one of {', '.join(REFRESH_MODES)}")
+    check_refresh(refresh)
     root = require_dir(root, key)
     dest = index_dir(root, extensions, cache_dir)
     if refresh != "always":
-        reason = problem(dest)
+        index, reason = _check(dest)
         if reason is None:
-            index = FolderIndex(dest)
             changed = [] if refresh == "never" else stale_dirs(root, index.dirs())
             if not changed:
                 return index

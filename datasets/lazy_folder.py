@@ -19,10 +19,10 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from datasets.index import REFRESH_MODES, index_dir
+from datasets.index import check_refresh, index_dir
 from datasets.records import LazyArray, read_bytes, require_dir
 from datasets.scan import list_classes, stale_dirs
-from datasets.splits import cached_split, stratified_split
+from datasets.splits import cached_split, check_fraction, stratified_split
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +181,12 @@ class LazyFolderSource:
     def __init__(self, root: str, val_fraction: float = 0.1, seed: int = 0, extension: str | None = None,
                  verify: bool = False, cache_dir: str | None = None, refresh: str = "auto"):
         self.root = require_dir(root, "source.root")
-        self.val_fraction = float(val_fraction)
+        self.val_fraction = check_fraction(val_fraction)
         self.seed = int(seed)
         self.extension = (extension if str(extension).startswith(".") else f".{extension}") if extension else None
         self.verify = bool(verify)
         self.cache_dir = cache_dir
-        self.refresh = str(refresh)
-        if self.refresh not in REFRESH_MODES:
-            raise ValueError(f"source.refresh={refresh!r} is not one of: {', '.join(REFRESH_MODES)}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"source.val_fraction={val_fraction} must be in [0, 1)")
+        self.refresh = check_refresh(refresh)
         self._manifest: dict | None = None
 
     @property

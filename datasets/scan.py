@@ -152,10 +152,6 @@ class ClassScan:
     dirs: list[tuple[str, int]] = field(default_factory=list)  # (relative dir, mtime_ns)
     loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor
 
-    @property
-    def files(self) -> list[str]:
-        return self.paths.decode("utf-8", "surrogateescape").split("\0")[:-1]
-
 
 def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
     result = ClassScan()

@@ -14,6 +14,14 @@ from pathlib import Path
 import numpy as np
 
 
+def check_fraction(value) -> float:
+    """``source.val_fraction`` as a float in [0, 1), or an error naming the key."""
+    fraction = float(value)
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"source.val_fraction={value} must be in [0, 1)")
+    return fraction
+
+
 def stratified_split(counts, fraction: float, seed: int, order=None) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) sample indices, each sorted.
 
@@ -22,8 +30,7 @@ def stratified_split(counts, fraction: float, seed: int, order=None) -> tuple[np
     ``order[start_c : start_c + counts[c]]``. Each class gives ``round(fraction * count)`` samples to val,
     chosen by a generator seeded with ``seed``.
     """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"source.val_fraction={fraction} must be in [0, 1)")
+    check_fraction(fraction)
     rng = np.random.default_rng(seed)
     counts = np.asarray(counts, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

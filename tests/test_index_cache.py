@@ -179,3 +179,13 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
         open_index(root, cache_dir=tmp_path / "cache", workers=2)
     assert problem(index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")) == "missing"
+
+
+def test_garbled_staleness_signature_is_rebuilt(tmp_path, tree, caplog):
+    cache = tmp_path / "cache"
+    open_index(tree, cache_dir=cache)
+    d = index_dir(tree, index_module.IMG_EXTENSIONS, cache)
+    (d / "dirs.json").write_text("[[broken")
+    with caplog.at_level(logging.WARNING):
+        assert len(open_index(tree, cache_dir=cache)) == 18
+    assert "unusable" in caplog.text and problem(d) is None
