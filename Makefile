@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev]"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,slurm]"
 	touch $(STAMP)
 
 train: install

@@ -1,8 +1,8 @@
 """Convert any configured source into one HDF5 file that `source=hdf5` trains from.
 
-    python convert.py source=folder source.root=/data/train out.path=/data/train.h5
-    python convert.py source=folder source.root=/data/train out.path=/data/train-256.h5 out.max_side=256
-    python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.size=256
+python convert.py source=folder source.root=/data/train out.path=/data/train.h5
+python convert.py source=folder source.root=/data/train out.path=/data/train-256.h5 out.max_side=256
+python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.size=256
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import utils.config  # noqa: F401 - registers the structured-config schemas
-from datasets.hdf5_write import Options, convert
+from datasets.hdf5_write import Options, convert_source
 from utils.instantiate import instantiate
 
 log = logging.getLogger("feedline")
@@ -26,13 +26,17 @@ def run_convert(cfg: DictConfig) -> dict:
     path = out.pop("path")
     options = Options(**out)
     options.check()
-    source = instantiate(cfg.source, "source", val_fraction=0)  # every sample, in source order
-    source.prepare()
-    summary = convert(source.split("train"), source.classes, path, options, description=repr(source))
+    source = instantiate(cfg.source, "source")
+    summary = convert_source(source, path, options)
     log.info(
         "converted %d images into %s: %.1f MB, %d skipped, %.1f s (%.0f images/s)%s",
-        summary["images"], summary["path"], summary["bytes"] / 1e6, summary["skipped"], summary["seconds"],
-        summary["images_per_s"] or 0, f"; skipped inputs: {summary['report']}" if summary["report"] else "",
+        summary["images"],
+        summary["path"],
+        summary["bytes"] / 1e6,
+        summary["skipped"],
+        summary["seconds"],
+        summary["images_per_s"] or 0,
+        f"; skipped inputs: {summary['report']}" if summary["report"] else "",
     )
     return summary
 

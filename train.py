@@ -1,8 +1,8 @@
 """Train a model on any configured data pipeline.
 
-    python train.py                                   # the embedded digits default
-    python train.py source=folder source.root=/data/train transforms=imagenet
-    python train.py --cfg job                         # print the composed config
+python train.py                                   # the embedded digits default
+python train.py source=folder source.root=/data/train transforms=imagenet
+python train.py --cfg job                         # print the composed config
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
@@ -31,6 +33,7 @@ def train(cfg: DictConfig) -> dict:
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_all(cfg.get("logger"), "logger")
     trainer = instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    check_launch(trainer)
     trainer.fit(model, datamodule=datamodule)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -40,9 +43,35 @@ def train(cfg: DictConfig) -> dict:
         "train_samples_per_s": round(throughput.samples_per_second, 1) if throughput else None,
         "output_dir": os.path.abspath(cfg.paths.output_dir),
         "metrics": metrics,
+        "samples": {split: len(dataset) for split, dataset in datamodule.datasets.items()},
+        **_hydra_job(),
     }
     _report(summary)
     return summary
+
+
+def check_launch(trainer: L.Trainer) -> None:
+    """Refuse Hydra multirun (-m) with a DDP launch that starts its own processes: Lightning restarts this
+    script once per extra device with the same arguments, so every rank would start the whole sweep."""
+    if trainer.world_size <= 1 or not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is not None and environment.creates_processes_externally:
+        return  # SLURM (hydra/launcher=slurm), torchrun, ...: one process per device already exists
+    raise RuntimeError(
+        f"multirun (-m) cannot start a {trainer.world_size}-process DDP job from here: run each configuration "
+        "as its own command without -m, use hydra/launcher=slurm (SLURM starts one process per "
+        "device), or launch through torchrun"
+    )
+
+
+def _hydra_job() -> dict:
+    """The job's config choices and overrides, for the sweep summary."""
+    if not HydraConfig.initialized():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+    return {"choices": choices, "overrides": list(hydra_cfg.overrides.task)}
 
 
 @rank_zero_only

@@ -109,8 +109,12 @@ def measure_load(kind: str, root: str, cache_dir: str) -> dict:
     rss0, t0 = _rss(), time.perf_counter()
     dataset = _dataset(kind, root, cache_dir)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "rss_added": _rss() - rss0, "pickled": len(pickle.dumps(dataset)),
-            "len": len(dataset)}
+    return {
+        "seconds": seconds,
+        "rss_added": _rss() - rss0,
+        "pickled": len(pickle.dumps(dataset)),
+        "len": len(dataset),
+    }
 
 
 class Lookup:
@@ -142,9 +146,15 @@ def measure_workers(kind: str, root: str, cache_dir: str, workers: int = 2) -> d
     dataset = _dataset(kind, root, cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["FEEDLINE_BENCH_WORKERS"] = tmp
-        loader = DataLoader(Lookup(dataset), batch_size=4096, shuffle=True, num_workers=workers,
-                            persistent_workers=True, worker_init_fn=_record_worker,
-                            multiprocessing_context="fork")
+        loader = DataLoader(
+            Lookup(dataset),
+            batch_size=4096,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=True,
+            worker_init_fn=_record_worker,
+            multiprocessing_context="fork",
+        )
         seen = sum(len(batch) for batch in loader)
         growth = []
         for name in os.listdir(tmp):
@@ -158,8 +168,9 @@ def measure_spawn(kind: str, root: str, cache_dir: str, workers: int = 2) -> dic
     from torch.utils.data import DataLoader
 
     dataset = _dataset(kind, root, cache_dir)
-    loader = DataLoader(Lookup(dataset), batch_size=256, shuffle=True, num_workers=workers,
-                        multiprocessing_context="spawn")
+    loader = DataLoader(
+        Lookup(dataset), batch_size=256, shuffle=True, num_workers=workers, multiprocessing_context="spawn"
+    )
     t0 = time.perf_counter()
     next(iter(loader))
     return {"seconds": time.perf_counter() - t0}
@@ -217,7 +228,13 @@ def _fmt(value, unit: str) -> str:
         return ""
     if unit == "s":
         return f"{value * 1000:.1f} ms" if value < 0.1 else f"{value:.2f} s"
-    return f"{value / MiB:.1f} MiB" if abs(value) >= 0.1 * MiB else f"{value / 1024:.1f} KiB" if abs(value) >= 1024 else f"{int(value)} B"
+    return (
+        f"{value / MiB:.1f} MiB"
+        if abs(value) >= 0.1 * MiB
+        else f"{value / 1024:.1f} KiB"
+        if abs(value) >= 1024
+        else f"{int(value)} B"
+    )
 
 
 def main(argv=None) -> dict:
@@ -230,8 +247,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     per_class = max(1, args.files // args.classes)
-    roots = {"imagefolder": ensure_tree(args.data_dir, args.classes, per_class),
-             "lazy_folder": ensure_tree(args.data_dir, args.classes, per_class, lazy=True)}
+    roots = {
+        "imagefolder": ensure_tree(args.data_dir, args.classes, per_class),
+        "lazy_folder": ensure_tree(args.data_dir, args.classes, per_class, lazy=True),
+    }
     roots["folder"] = roots["imagefolder"]
     roots = {kind: roots[kind] for kind in KINDS}
     tiny = ensure_tree(args.data_dir, 10, 10)
@@ -242,26 +261,45 @@ def main(argv=None) -> dict:
 
     build = run_all(measure_build, roots, cache, args.repeat)
     load = run_all(measure_load, roots, cache, args.repeat)
-    bare = _median([run(measure_load, "lazy_folder", roots["lazy_folder"], tempfile.mkdtemp())
-                    for _ in range(args.repeat)])  # an empty cache: no manifest, counts on the fly
+    bare = _median(
+        [
+            run(measure_load, "lazy_folder", roots["lazy_folder"], tempfile.mkdtemp())
+            for _ in range(args.repeat)
+        ]
+    )  # an empty cache: no manifest, counts on the fly
     work = {kind: run(measure_workers, kind, root, cache) for kind, root in roots.items()}
     spawn_tiny = _median([run(measure_spawn, "imagefolder", tiny, cache) for _ in range(args.repeat)])
     spawn = run_all(measure_spawn, roots, cache, args.repeat)
 
     anchor = "imagefolder"
     rows = [
-        ("first build", {k: v["seconds"] for k, v in build.items()}, "s",
-         {"folder": ("ratio>=", 3)}),
-        ("cached load", {k: v["seconds"] for k, v in load.items()}, "s",
-         {"folder": ("<=", 0.050), "lazy_folder": ("<=", 0.100)}),
-        ("setup without manifest", {"imagefolder": load[anchor]["seconds"], "lazy_folder": bare["seconds"]}, "s",
-         {"lazy_folder": ("ratio>=", 3)}),
+        ("first build", {k: v["seconds"] for k, v in build.items()}, "s", {"folder": ("ratio>=", 3)}),
+        (
+            "cached load",
+            {k: v["seconds"] for k, v in load.items()},
+            "s",
+            {"folder": ("<=", 0.050), "lazy_folder": ("<=", 0.100)},
+        ),
+        (
+            "setup without manifest",
+            {"imagefolder": load[anchor]["seconds"], "lazy_folder": bare["seconds"]},
+            "s",
+            {"lazy_folder": ("ratio>=", 3)},
+        ),
         ("RSS added", {k: v["rss_added"] for k, v in load.items()}, "bytes", {"folder": ("<=", 40 * MiB)}),
         ("pickled dataset", {k: v["pickled"] for k, v in load.items()}, "bytes", {"folder": ("<=", 8000)}),
-        ("worker memory growth / epoch", {k: v["growth_per_worker"] for k, v in work.items()}, "bytes",
-         {"folder": ("<=", 8 * MiB)}),
-        ("spawn: first batch", {k: v["seconds"] for k, v in spawn.items()}, "s",
-         {"folder": ("<=", spawn_tiny["seconds"] + 1.5)}),
+        (
+            "worker memory growth / epoch",
+            {k: v["growth_per_worker"] for k, v in work.items()},
+            "bytes",
+            {"folder": ("<=", 8 * MiB)},
+        ),
+        (
+            "spawn: first batch",
+            {k: v["seconds"] for k, v in spawn.items()},
+            "s",
+            {"folder": ("<=", spawn_tiny["seconds"] + 1.5)},
+        ),
     ]
     result_rows = []
     for name, values, unit, targets in rows:
@@ -284,14 +322,28 @@ def main(argv=None) -> dict:
     print("|---|---:|---:|---:|---:|---:|---|")
     for row in result_rows:
         cells = [_fmt(row["values"].get(k), row["unit"]) for k in KINDS]
-        ratios = [f"{row['ratios'][k]:,.1f}x" if k in row["ratios"] else "" for k in ("folder", "lazy_folder")]
-        targets = "; ".join(f"{k}: {t['target']} {'(met)' if t['met'] else '(NOT MET)'}" for k, t in row["targets"].items())
-        print(f"| {row['measure']} | {cells[0]} | {cells[1]} | {ratios[0]} | {cells[2]} | {ratios[1]} | {targets} |")
-    print(f"\nspawn: a 100-image ImageFolder's first batch takes {spawn_tiny['seconds']:.2f} s (worker start-up).")
+        ratios = [
+            f"{row['ratios'][k]:,.1f}x" if k in row["ratios"] else "" for k in ("folder", "lazy_folder")
+        ]
+        targets = "; ".join(
+            f"{k}: {t['target']} {'(met)' if t['met'] else '(NOT MET)'}" for k, t in row["targets"].items()
+        )
+        print(
+            f"| {row['measure']} | {cells[0]} | {cells[1]} | {ratios[0]} | {cells[2]} | {ratios[1]} | {targets} |"
+        )
+    print(
+        f"\nspawn: a 100-image ImageFolder's first batch takes {spawn_tiny['seconds']:.2f} s (worker start-up)."
+    )
     print("ImageFolder has no cache: its 'cached load' is the scan every run, rank and job repeats.")
-    print("Worker memory growth: Private_Dirty of the worst worker (pages copied only because they were read).")
+    print(
+        "Worker memory growth: Private_Dirty of the worst worker (pages copied only because they were read)."
+    )
     result = {
-        "files": n, "classes": args.classes, "roots": roots, "repeat": args.repeat, "rows": result_rows,
+        "files": n,
+        "classes": args.classes,
+        "roots": roots,
+        "repeat": args.repeat,
+        "rows": result_rows,
         "spawn_tiny_seconds": spawn_tiny["seconds"],
         "raw": {"build": build, "load": load, "no_manifest": bare, "workers": work, "spawn": spawn},
     }

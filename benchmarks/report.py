@@ -1,14 +1,12 @@
-"""What every benchmark does with its results: write them as JSON when asked."""
+"""What every benchmark does with its results: write them as JSON when asked (``--json``)."""
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def write_json(path: str | None, result: dict) -> None:
-    if not path:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+from utils.results import write_json  # noqa: E402
+
+__all__ = ["write_json"]

@@ -1,16 +1,18 @@
 """ImageDataModule: source + transform stacks + collate -> Lightning's data hooks.
 
-    prepare_data()             once per node (local rank 0): source.prepare() scans and caches
-    setup(stage)               every rank: source.split() -> RecordSet -> SampleDataset
-    *_dataloader()             DataLoader with the resolved loader knobs
-    on_after_batch_transfer()  the batch stack, on the device: uint8 -> float, normalise
+prepare_data()             once per node (local rank 0): source.prepare() scans and caches
+setup(stage)               every rank: source.split() -> RecordSet -> SampleDataset
+*_dataloader()             DataLoader with the resolved loader knobs
+on_after_batch_transfer()  the batch stack, on the device: uint8 -> float, normalise
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import lightning as L
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
@@ -37,6 +39,7 @@ class ImageDataModule(L.LightningDataModule):
         on_bad_sample="skip",
         multiprocessing_context: str | None = None,
         drop_last: bool = False,
+        reduced_decode: bool = True,
     ):
         super().__init__()
         self.source = source
@@ -51,6 +54,7 @@ class ImageDataModule(L.LightningDataModule):
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.multiprocessing_context = multiprocessing_context
         self.drop_last = bool(drop_last)
+        self.reduced_decode = bool(reduced_decode)
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
@@ -63,15 +67,22 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.classes)
 
+    def _bind_collate(self) -> None:
+        if getattr(self.collate, "num_classes", 0) is None:
+            self.collate.num_classes = self.num_classes  # mixup/cutmix: soft labels need the class count
+
     def prepare_data(self) -> None:
         self.source.prepare()
 
     def setup(self, stage: str | None = None) -> None:
+        self._bind_collate()
         wanted = {"fit": ("train", "val"), "validate": ("val",)}.get(stage or "fit", ("train", "val"))
         for split in wanted:
             if split not in self.datasets:
                 transform = self.transforms.train if split == "train" else self.transforms.eval
-                self.datasets[split] = SampleDataset(self.source.split(split), transform, self.on_bad_sample)
+                self.datasets[split] = SampleDataset(
+                    self.source.split(split), transform, self.on_bad_sample, self.reduced_decode
+                )
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
 
     def train_dataloader(self) -> DataLoader:
@@ -83,20 +94,27 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader("val", shuffle=False, drop_last=False)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        if self.transforms.batch is not None and isinstance(batch, Batch):
+        training = self.trainer is not None and self.trainer.training
+        return self.device_batch(batch, training) if isinstance(batch, Batch) else batch
+
+    def device_batch(self, batch: Batch, training: bool) -> Batch:
+        """What happens to a batch once it is on the device: the batch stack (uint8 -> float, normalise),
+        then, for training batches, the collate's batch-level augmentation (mixup/cutmix)."""
+        if self.transforms.batch is not None:
             batch = batch._replace(image=self.transforms.batch(batch.image))
-        return batch
+        on_device = getattr(self.collate, "on_device", None)
+        return on_device(batch) if on_device is not None and training else batch
 
     # -- knobs resolved against the trainer -------------------------------------------------------
-    def _world(self) -> tuple[int, int, bool]:
+    def _world(self) -> tuple[int, int, int, bool]:
         trainer = self.trainer
         if trainer is None:
-            return 1, 1, False
+            return 1, 0, 1, False
         on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
-        return trainer.world_size, max(1, trainer.num_devices), on_gpu
+        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices), on_gpu
 
     def loader_settings(self) -> dict:
-        world_size, devices, on_gpu = self._world()
+        world_size, rank, devices, on_gpu = self._world()
         workers = resolve_num_workers(self.num_workers, devices)
         settings = {
             "batch_size": per_device_batch_size(self.batch_size, self.global_batch_size, world_size),
@@ -108,9 +126,14 @@ class ImageDataModule(L.LightningDataModule):
             settings["persistent_workers"] = self.persistent_workers
             settings["prefetch_factor"] = self.prefetch_factor
             settings["multiprocessing_context"] = self.multiprocessing_context
+            # torch, random and numpy seeded from (loader seed, worker, rank): augmentations differ per
+            # worker and per rank, and repeat under the same seed, with or without a Trainer.
+            settings["worker_init_fn"] = partial(pl_worker_init_function, rank=rank)
         return settings
 
     def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
         if split not in self.datasets:
             self.setup("fit")
-        return DataLoader(self.datasets[split], shuffle=shuffle, drop_last=drop_last, **self.loader_settings())
+        return DataLoader(
+            self.datasets[split], shuffle=shuffle, drop_last=drop_last, **self.loader_settings()
+        )

@@ -9,6 +9,7 @@ from enum import Enum
 from torch.utils.data import Dataset
 
 from transforms.decode import DecodeError, decode
+from transforms.reduce import minimum_size
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,33 @@ class SampleDataset(Dataset):
     the error stops the run. Errors inside the transforms are configuration errors and always raise.
     """
 
-    def __init__(self, records, transform: Callable | None = None, on_bad_sample="skip"):
+    def __init__(
+        self, records, transform: Callable | None = None, on_bad_sample="skip", reduced_decode: bool = True
+    ):
         self.records = records
         self.transform = transform
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
+        self.reduced_decode = bool(reduced_decode)
+        self._floor = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_floor"] = None  # a closure over the transform: rebuilt in the process that reads
+        return state
+
+    @property
+    def floor(self):
+        """The smallest size the first transform needs, for reduced-size JPEG decoding (None: full size)."""
+        if self._floor is None and self.reduced_decode and self.transform is not None:
+            self._floor = minimum_size(self.transform) or False
+        return self._floor or None
 
     def __len__(self) -> int:
         return len(self.records)
 
     def _decode(self, i: int):
         payload, label = self.records[i]
-        return decode(payload), label
+        return decode(payload, self.floor), label
 
     def __getitem__(self, i: int):
         return self._finish(i, None)
@@ -70,7 +87,7 @@ class SampleDataset(Dataset):
             if record is None:
                 image, label = self._decode(i)
             else:
-                image, label = decode(record[0]), record[1]
+                image, label = decode(record[0], self.floor), record[1]
         except (OSError, DecodeError) as err:
             path = self.records.describe(i)
             if self.on_bad_sample is OnBadSample["raise"]:

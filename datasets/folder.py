@@ -16,7 +16,7 @@ from datasets.records import LazyArray, read_bytes, require_dir
 from datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
 from datasets.splits import cached_split, check_fraction
 
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "all")  # all: every sample of root, in index order (what conversions read)
 
 
 class FolderRecords:
@@ -115,7 +115,7 @@ class FolderSource:
         index = self._index(self.root, "source.root")
         if name == "val" and self.val_root:
             return self._val_root_records(index)
-        if name == "train" and not self.val_fraction:
+        if name == "all" or (name == "train" and not self.val_fraction):
             return FolderRecords(index, self.root)
         path = cached_split(index.directory, index.counts, self.val_fraction, self.seed, name)
         return FolderRecords(index, self.root, subset=LazyArray(path))
@@ -133,4 +133,6 @@ class FolderSource:
         return FolderRecords(val, self.val_root, label_map=[position[c] for c in val.classes])
 
     def __repr__(self) -> str:
-        return f"FolderSource(root={self.root!r}, val_root={self.val_root!r}, val_fraction={self.val_fraction})"
+        return (
+            f"FolderSource(root={self.root!r}, val_root={self.val_root!r}, val_fraction={self.val_fraction})"
+        )

@@ -61,8 +61,17 @@ def _mappable(dataset) -> tuple | None:
 class HDF5Records:
     """One split of an HDF5 file. Payload: encoded bytes (uint8, 1-D) or a uint8 (3, H, W) array."""
 
-    def __init__(self, path: str, images_key: str, encoded: bool, layout: str, scale: float,
-                 labels: LazyArray, subset: LazyArray | None = None, mapped: tuple | None = None):
+    def __init__(
+        self,
+        path: str,
+        images_key: str,
+        encoded: bool,
+        layout: str,
+        scale: float,
+        labels: LazyArray,
+        subset: LazyArray | None = None,
+        mapped: tuple | None = None,
+    ):
         self.path = path
         self.mapped = mapped  # (offset, shape, dtype) of a contiguous, uncompressed array dataset
         self.images_key = images_key
@@ -87,7 +96,12 @@ class HDF5Records:
         if self._pid != os.getpid():  # first use in this process (or a fork inherited the parent's)
             if self.mapped is not None:
                 offset, shape, dtype = self.mapped
-                self._images = np.memmap(self.path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+                # Copy-on-write pages: rows are writable views (torch takes them without a copy or a
+                # warning) that stay shared page cache unless something writes to them. A plain ndarray
+                # view: numpy.memmap's per-row subclass bookkeeping cost more than the read itself.
+                self._images = np.memmap(
+                    self.path, dtype=np.dtype(dtype), mode="c", offset=offset, shape=shape
+                ).view(np.ndarray)
             else:
                 self._images = open_hdf5(self.path)[self.images_key]
             self._pid = os.getpid()
@@ -123,19 +137,20 @@ class HDF5Records:
         h5py's fancy indexing on chunked arrays is pathological (measured: 1.5 s for 64 rows of 256x256x3,
         against 15 ms row by row)."""
         rows = np.fromiter((self._row(i) for i in indices), dtype=np.int64, count=len(indices))
+        images, labels = self.images, self.labels.array
+        if (
+            self.mapped is not None
+        ):  # memory-mapped: zero-copy row views; a crop touches only its window's pages
+            return [(self._payload(images[r]), int(labels[r])) for r in rows.tolist()]
         unique, inverse = np.unique(rows, return_inverse=True)
-        images = self.images
         if self.encoded:
             block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
-        elif isinstance(images, np.memmap):
-            block = images[unique]
         else:
             block = np.empty((len(unique), *images.shape[1:]), dtype=images.dtype)
             breaks = np.flatnonzero(np.diff(unique) != 1) + 1
             for start, stop in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(unique)]])):
                 first = int(unique[start])
                 images.read_direct(block, np.s_[first : first + stop - start], np.s_[start:stop])
-        labels = self.labels.array
         return [(self._payload(block[k]), int(labels[rows[n]])) for n, k in enumerate(inverse)]
 
     def describe(self, i: int) -> str:
@@ -145,9 +160,21 @@ class HDF5Records:
 class HDF5Source:
     """Samples from one HDF5 file; val from ``val_path`` or a seeded, stratified ``val_fraction``."""
 
-    def __init__(self, path: str, val_path: str | None = None, val_fraction: float = 0.1, seed: int = 0,
-                 images_key: str = "images", labels_key: str = "labels", layout: str = "auto",
-                 dtype: str | None = None, classes=None, cache_dir: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = None,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        images_key: str = "images",
+        labels_key: str = "labels",
+        layout: str = "auto",
+        dtype: str | None = None,
+        classes=None,
+        cache_dir: str | None = None,
+        origin=None,
+        convert_options: dict | None = None,
+    ):
         self.path = os.path.abspath(os.path.expanduser(str(path)))
         self.val_path = os.path.abspath(os.path.expanduser(str(val_path))) if val_path else None
         self.val_fraction = 0.0 if self.val_path else check_fraction(val_fraction)
@@ -157,18 +184,40 @@ class HDF5Source:
         if layout not in LAYOUTS:
             raise ValueError(f"source.layout={layout!r} is not one of: {', '.join(LAYOUTS)}")
         if dtype is not None and str(dtype) not in SCALES:
-            raise ValueError(f"source.dtype={dtype!r} is not one of: {', '.join(SCALES)} (or null: from the file)")
-        self._files = {p: self._inspect(p, key, layout, dtype) for p, key in
-                       ((self.path, "source.path"), (self.val_path, "source.val_path")) if p}
-        self._classes = list(classes) if classes else self._files[self.path]["classes"]
+            raise ValueError(
+                f"source.dtype={dtype!r} is not one of: {', '.join(SCALES)} (or null: from the file)"
+            )
+        self._layout_arg, self._dtype_arg = layout, dtype
+        # origin: any source; prepare() converts every sample of it into path when path does not exist
+        # yet (convert_options: the out.* keys of convert.py), so one config can make this form of the data.
+        self.origin, self.convert_options = origin, dict(convert_options or {})
+        self._given_classes = list(classes) if classes else None
+        self._inspected: dict | None = None
+        if origin is None or os.path.exists(self.path):
+            self._files  # noqa: B018 - check the file now: a bad path or key fails before any work starts
+
+    @property
+    def _files(self) -> dict:
+        if self._inspected is None:
+            self._inspected = {
+                p: self._inspect(p, key, self._layout_arg, self._dtype_arg)
+                for p, key in ((self.path, "source.path"), (self.val_path, "source.val_path"))
+                if p
+            }
+        return self._inspected
 
     def _inspect(self, path: str, key: str, layout: str, dtype) -> dict:
         """Check the file once, in the main process, and close it before any worker exists."""
         with open_hdf5(path, key) as f:
-            for name, which in ((self.images_key, "source.images_key"), (self.labels_key, "source.labels_key")):
+            for name, which in (
+                (self.images_key, "source.images_key"),
+                (self.labels_key, "source.labels_key"),
+            ):
                 if name not in f:
-                    raise KeyError(f"{key} '{path}' has no dataset '{name}' (set {which}=...; it holds: "
-                                   f"{', '.join(f.keys())})")
+                    raise KeyError(
+                        f"{key} '{path}' has no dataset '{name}' (set {which}=...; it holds: "
+                        f"{', '.join(f.keys())})"
+                    )
             images, labels = f[self.images_key], f[self.labels_key]
             if len(images) != len(labels):
                 raise ValueError(f"{key} '{path}': {len(images)} images but {len(labels)} labels")
@@ -187,8 +236,10 @@ class HDF5Source:
         if images.ndim == 3:  # (N, H, W): grayscale
             return "hw"
         if images.ndim != 4:
-            raise ValueError(f"source.path '{path}': images of shape {images.shape} are neither encoded bytes "
-                             f"nor (N, H, W, C) / (N, C, H, W) arrays")
+            raise ValueError(
+                f"source.path '{path}': images of shape {images.shape} are neither encoded bytes "
+                f"nor (N, H, W, C) / (N, C, H, W) arrays"
+            )
         stored = images.attrs.get("layout")
         if layout == "auto" and stored in ("hwc", "chw"):
             return stored
@@ -197,8 +248,10 @@ class HDF5Source:
         channels_last, channels_first = images.shape[3] in (1, 3), images.shape[1] in (1, 3)
         if channels_last != channels_first:
             return "hwc" if channels_last else "chw"
-        raise ValueError(f"source.path '{path}': cannot tell the layout of images {images.shape}; "
-                         f"set source.layout=hwc or source.layout=chw")
+        raise ValueError(
+            f"source.path '{path}': cannot tell the layout of images {images.shape}; "
+            f"set source.layout=hwc or source.layout=chw"
+        )
 
     def _read_classes(self, f: h5py.File, labels) -> list[str]:
         if "classes" in f.attrs:
@@ -208,10 +261,20 @@ class HDF5Source:
 
     @property
     def classes(self) -> list[str]:
-        return self._classes
+        if self._given_classes:
+            return self._given_classes
+        if self._inspected is None and self.origin is not None and not os.path.exists(self.path):
+            return self.origin.classes  # not converted yet (prepare() does it): the same classes
+        return self._files[self.path]["classes"]
 
     def prepare(self) -> None:
-        """Cache the labels and the split arrays next to each other (once per node)."""
+        """Cache the labels and the split arrays next to each other (once per node). With ``origin``,
+        convert it into ``path`` first when there is no file there yet."""
+        if self.origin is not None and not os.path.exists(self.path):
+            from datasets.hdf5_write import Options, convert_source
+
+            summary = convert_source(self.origin, self.path, Options(**self.convert_options))
+            log.info("converted %d images from %r into %s", summary["images"], self.origin, self.path)
         for path in self._files:
             self._labels(path)
 
@@ -235,19 +298,28 @@ class HDF5Source:
         return target
 
     def split(self, name: str) -> HDF5Records:
-        if name not in ("train", "val"):
-            raise ValueError(f"unknown split {name!r}; sources have train, val")
+        if name not in ("train", "val", "all"):
+            raise ValueError(f"unknown split {name!r}; sources have train, val, all")
         path = self.val_path if name == "val" and self.val_path else self.path
         info = self._files[path]
         labels = LazyArray(self._labels(path))
-        records = HDF5Records(path, self.images_key, info["encoded"], info["layout"], info["scale"], labels,
-                              mapped=info["mapped"])
-        if path == self.val_path or (name == "train" and not self.val_fraction):
+        records = HDF5Records(
+            path,
+            self.images_key,
+            info["encoded"],
+            info["layout"],
+            info["scale"],
+            labels,
+            mapped=info["mapped"],
+        )
+        if path == self.val_path or name == "all" or (name == "train" and not self.val_fraction):
             return records
         array = labels.array
         counts = np.bincount(array, minlength=len(self.classes))
         order = None if np.all(array[1:] >= array[:-1]) else np.argsort(array, kind="stable")
-        records.subset = LazyArray(cached_split(self._cache(path), counts, self.val_fraction, self.seed, name, order))
+        records.subset = LazyArray(
+            cached_split(self._cache(path), counts, self.val_fraction, self.seed, name, order)
+        )
         return records
 
     def __repr__(self) -> str:

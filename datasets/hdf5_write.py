@@ -90,6 +90,12 @@ def _prepare_chunk(indices: range) -> list:
 
 
 # -- writer side ----------------------------------------------------------------------------------------
+def convert_source(source, out_path: str, options: Options) -> dict:
+    """Prepare ``source`` and write every sample of it (``split("all")``, its val share included)."""
+    source.prepare()
+    return convert(source.split("all"), source.classes, out_path, options, description=repr(source))
+
+
 def convert(records, classes: list[str], out_path: str, options: Options, description: str = "") -> dict:
     """Write ``records`` to ``out_path``; returns the summary (images, bytes, skipped, seconds)."""
     options.check()
@@ -117,22 +123,26 @@ def convert(records, classes: list[str], out_path: str, options: Options, descri
                     skipped.extend(err for _, _, err in results if err is not None)
                     if rows:
                         block = [p for p, _ in rows]
-                        images[written : written + len(rows)] = np.stack(block) if options.mode == "raw" else block
+                        images[written : written + len(rows)] = (
+                            np.stack(block) if options.mode == "raw" else block
+                        )
                         labels[written : written + len(rows)] = [lab for _, lab in rows]
                         written += len(rows)
                     bar.update(len(results))
             images = _trim(f, images, written)
             labels.resize((written,))
-            f.attrs.update({
-                "feedline_format": FORMAT,
-                "classes": json.dumps(list(classes), ensure_ascii=False),
-                "mode": options.mode,
-                "max_side": options.max_side or 0,
-                "size": options.size or 0,
-                "quality": options.quality,
-                "source": description,
-                "skipped": len(skipped),
-            })
+            f.attrs.update(
+                {
+                    "feedline_format": FORMAT,
+                    "classes": json.dumps(list(classes), ensure_ascii=False),
+                    "mode": options.mode,
+                    "max_side": options.max_side or 0,
+                    "size": options.size or 0,
+                    "quality": options.quality,
+                    "source": description,
+                    "skipped": len(skipped),
+                }
+            )
         os.replace(partial, out_path)
     except BaseException:
         if os.path.exists(partial):
@@ -146,9 +156,15 @@ def convert(records, classes: list[str], out_path: str, options: Options, descri
     elif os.path.exists(report):
         os.remove(report)
     seconds = time.perf_counter() - started
-    return {"path": out_path, "images": written, "bytes": os.path.getsize(out_path), "skipped": len(skipped),
-            "seconds": round(seconds, 2), "images_per_s": round(n / seconds, 1) if seconds else None,
-            "report": report if skipped else None}
+    return {
+        "path": out_path,
+        "images": written,
+        "bytes": os.path.getsize(out_path),
+        "skipped": len(skipped),
+        "seconds": round(seconds, 2),
+        "images_per_s": round(n / seconds, 1) if seconds else None,
+        "report": report if skipped else None,
+    }
 
 
 def _trim(f: h5py.File, images, written: int):
@@ -174,5 +190,10 @@ def _create_images(f: h5py.File, n: int, options: Options, chunk: int):
         images = f.create_dataset("images", shape=(n, side, side, 3), dtype=np.uint8)
         images.attrs["layout"] = "hwc"
         return images
-    return f.create_dataset("images", shape=(n,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
-                            chunks=(min(chunk, max(n, 1)),))
+    return f.create_dataset(
+        "images",
+        shape=(n,),
+        maxshape=(None,),
+        dtype=h5py.vlen_dtype(np.uint8),
+        chunks=(min(chunk, max(n, 1)),),
+    )

@@ -189,7 +189,9 @@ def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
         _publish(tmp, dest, started)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("indexed %d files in %d classes under %s in %.2fs", scan.num_files, len(scan.classes), root, seconds)
+    log.info(
+        "indexed %d files in %d classes under %s in %.2fs", scan.num_files, len(scan.classes), root, seconds
+    )
     return FolderIndex(dest)
 
 
@@ -265,8 +267,14 @@ def _publish(tmp: Path, dest: Path, started: int) -> None:
     raise RuntimeError(f"could not publish the index at {dest}: other processes keep replacing it")
 
 
-def open_index(root: str, extensions=IMG_EXTENSIONS, cache_dir: str | None = None, refresh: str = "auto",
-               key: str = "source.root", workers="auto") -> FolderIndex:
+def open_index(
+    root: str,
+    extensions=IMG_EXTENSIONS,
+    cache_dir: str | None = None,
+    refresh: str = "auto",
+    key: str = "source.root",
+    workers="auto",
+) -> FolderIndex:
     """The index of ``root``: mapped from the cache when it is sound and fresh, (re)built otherwise."""
     check_refresh(refresh)
     root = require_dir(root, key)
@@ -289,14 +297,18 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=None, help="default: $FEEDLINE_CACHE_DIR or ~/.cache/feedline")
     parser.add_argument("--extensions", nargs="+", default=list(IMG_EXTENSIONS))
     parser.add_argument("--refresh", choices=REFRESH_MODES, default="auto")
-    parser.add_argument("--workers", default="auto",
-                        help="scan workers (auto: 16 threads on network filesystems, else a process per CPU)")
+    parser.add_argument(
+        "--workers",
+        default="auto",
+        help="scan workers (auto: 16 threads on network filesystems, else a process per CPU)",
+    )
     parser.add_argument("--list", action="store_true", help="print 'relative/path<TAB>label' per sample")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        index = open_index(args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT",
-                           workers=args.workers)
+        index = open_index(
+            args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT", workers=args.workers
+        )
     except FileNotFoundError as err:
         parser.exit(2, f"error: {err}\n")
     out = sys.stdout

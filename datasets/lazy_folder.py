@@ -73,7 +73,11 @@ def class_count(root: str, name: str, extension: str | None = None) -> tuple[str
     if extension:
         names = [n for n in names if n.endswith(ext)]
     n = len(names)
-    if n and os.path.exists(os.path.join(path, f"{n - 1}{ext}")) and not os.path.exists(os.path.join(path, f"{n}{ext}")):
+    if (
+        n
+        and os.path.exists(os.path.join(path, f"{n - 1}{ext}"))
+        and not os.path.exists(os.path.join(path, f"{n}{ext}"))
+    ):
         return ext, n
     report = check_class(root, name, ext, names)
     log.warning("%s (set source.verify=true to stop on such defects)", report.describe())
@@ -99,12 +103,18 @@ class ClassReport:
     def describe(self) -> str:
         where = os.path.join(self.root, self.name)
         parts = []
-        for label, items in (("missing", [f"{i}{self.ext}" for i in self.gaps]), ("duplicate", self.duplicates),
-                             ("extra", self.extras)):
+        for label, items in (
+            ("missing", [f"{i}{self.ext}" for i in self.gaps]),
+            ("duplicate", self.duplicates),
+            ("extra", self.extras),
+        ):
             if items:
                 shown = ", ".join(os.path.join(where, p) for p in items[:SHOWN])
                 parts.append(f"{len(items)} {label}: {shown}{' ...' if len(items) > SHOWN else ''}")
-        return f"class '{self.name}' does not hold exactly 0{self.ext} .. {self.count - 1}{self.ext}: " + "; ".join(parts)
+        return (
+            f"class '{self.name}' does not hold exactly 0{self.ext} .. {self.count - 1}{self.ext}: "
+            + "; ".join(parts)
+        )
 
 
 def check_class(root: str, name: str, ext: str, names: list[str] | None = None) -> ClassReport:
@@ -178,12 +188,29 @@ class LazyFolderSource:
     """Class folders of files named by index. Val comes from a seeded, stratified ``val_fraction``:
     the same split ``folder`` draws, so a tree and its lazy layout validate on the same samples."""
 
-    def __init__(self, root: str, val_fraction: float = 0.1, seed: int = 0, extension: str | None = None,
-                 verify: bool = False, cache_dir: str | None = None, refresh: str = "auto"):
-        self.root = require_dir(root, "source.root")
+    def __init__(
+        self,
+        root: str,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        extension: str | None = None,
+        verify: bool = False,
+        cache_dir: str | None = None,
+        refresh: str = "auto",
+        origin=None,
+    ):
+        # origin: a class-folder source (folder, digits); prepare() lays it out into root when root is not a
+        # complete layout of it yet, so one config can make this form of the data (`experiment=backends`).
+        self.origin = origin
+        if origin is None:
+            self.root = require_dir(root, "source.root")
+        else:
+            self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.val_fraction = check_fraction(val_fraction)
         self.seed = int(seed)
-        self.extension = (extension if str(extension).startswith(".") else f".{extension}") if extension else None
+        self.extension = (
+            (extension if str(extension).startswith(".") else f".{extension}") if extension else None
+        )
         self.verify = bool(verify)
         self.cache_dir = cache_dir
         self.refresh = check_refresh(refresh)
@@ -197,13 +224,23 @@ class LazyFolderSource:
     def classes(self) -> list[str]:
         if self._manifest is not None:
             return self._manifest["classes"]
+        if self.origin is not None and not os.path.isdir(self.root):
+            return self.origin.classes  # not laid out yet (prepare() does it): the same classes
         classes = list_classes(self.root)
         if not classes:
-            raise FileNotFoundError(f"source.root '{self.root}' has no class folders: expected {self.root}/<class>/0.<ext>")
+            raise FileNotFoundError(
+                f"source.root '{self.root}' has no class folders: expected {self.root}/<class>/0.<ext>"
+            )
         return classes
 
     def prepare(self) -> None:
-        """Write (or refresh) the manifest: one listing per class. With ``verify``, check every class."""
+        """Write (or refresh) the manifest: one listing per class. With ``verify``, check every class.
+        With ``origin``, lay the origin out into root first (links; a no-op once the layout is complete)."""
+        if self.origin is not None:
+            from datasets.lazy_layout import layout
+
+            self.origin.prepare()
+            log.info(layout(self.origin.root, self.root, cache_dir=self.cache_dir))
         if self.verify:
             reports = [r for r in verify_tree(self.root, self.extension) if not r.ok]
             if reports:
@@ -230,7 +267,11 @@ class LazyFolderSource:
         if self.refresh == "auto":
             changed = stale_dirs(self.root, manifest["dirs"])
             if changed:
-                log.info("%s changed since its manifest was written (%s); re-counting", self.root, ", ".join(changed))
+                log.info(
+                    "%s changed since its manifest was written (%s); re-counting",
+                    self.root,
+                    ", ".join(changed),
+                )
                 return None
         return manifest
 
@@ -243,8 +284,14 @@ class LazyFolderSource:
             ext, count = class_count(self.root, name, self.extension)
             exts.append(ext)
             counts.append(count)
-        return {"format": MANIFEST_FORMAT, "root": self.root, "classes": classes, "exts": exts,
-                "counts": counts, "dirs": dirs}
+        return {
+            "format": MANIFEST_FORMAT,
+            "root": self.root,
+            "classes": classes,
+            "exts": exts,
+            "counts": counts,
+            "dirs": dirs,
+        }
 
     def _write_manifest(self, manifest: dict) -> None:
         directory = self.manifest_dir
@@ -264,19 +311,21 @@ class LazyFolderSource:
         return self._manifest
 
     def split(self, name: str) -> LazyFolderRecords:
-        if name not in ("train", "val"):
-            raise ValueError(f"unknown split {name!r}; sources have train, val")
+        if name not in ("train", "val", "all"):
+            raise ValueError(f"unknown split {name!r}; sources have train, val, all")
         m = self._layout()
         starts = [0]
         for count in m["counts"]:
             starts.append(starts[-1] + count)
         records = LazyFolderRecords(self.root, m["classes"], m["exts"], starts)
-        if name == "train" and not self.val_fraction:
+        if name == "all" or (name == "train" and not self.val_fraction):
             return records
         if m.get("transient"):
             subset = _InMemory(stratified_split(m["counts"], self.val_fraction, self.seed)[name == "val"])
         else:
-            subset = LazyArray(cached_split(self.manifest_dir, m["counts"], self.val_fraction, self.seed, name))
+            subset = LazyArray(
+                cached_split(self.manifest_dir, m["counts"], self.val_fraction, self.seed, name)
+            )
         records.subset = subset
         return records
 
@@ -303,7 +352,9 @@ def verify_tree(root: str, extension: str | None = None) -> list[ClassReport]:
 
 # -- command line -------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datasets.lazy_folder", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m datasets.lazy_folder", description=__doc__.split("\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     lay = commands.add_parser("layout", help="lay out a class-folder tree as 0..n-1 files per class")
     lay.add_argument("src", help="class-folder tree (ImageFolder layout)")

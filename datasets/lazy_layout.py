@@ -39,7 +39,10 @@ def plan_layout(src: str, cache_dir: str | None = None) -> list[tuple[str, str]]
         plan.append((f"{index.classes[label]}/{local[label]}{exts[label]}", os.path.join(src, rel)))
         local[label] += 1
     if mixed:
-        lines = [f"class '{index.classes[c]}' ({exts[c]} first): {', '.join(files[:5])}" for c, files in mixed.items()]
+        lines = [
+            f"class '{index.classes[c]}' ({exts[c]} first): {', '.join(files[:5])}"
+            for c, files in mixed.items()
+        ]
         raise LayoutError(
             "lazy_folder needs one extension per class; these files differ from their class's first:\n  "
             + "\n  ".join(lines)
@@ -74,6 +77,8 @@ def layout(src: str, dst: str, move: bool = False, cache_dir: str | None = None)
             raise LayoutError(
                 f"DST '{dst_path}' is not empty and is not an earlier layout of '{src}': choose an empty or new DST"
             )
+        if earlier.get("complete"):
+            return f"{dst_path} is already a complete layout of {src}"
         plan = _read_plan(dst_path) if (dst_path / MAPPING).exists() else None
     else:
         plan = None
@@ -92,12 +97,15 @@ def layout(src: str, dst: str, move: bool = False, cache_dir: str | None = None)
             done["already there"] += 1
             continue
         if not os.path.exists(orig):
-            raise LayoutError(f"{orig} (planned as {target}) is gone: it was neither laid out nor left in SRC")
+            raise LayoutError(
+                f"{orig} (planned as {target}) is gone: it was neither laid out nor left in SRC"
+            )
         parent = os.path.dirname(target)
         if parent not in made_dirs:
             os.makedirs(parent, exist_ok=True)
             made_dirs.add(parent)
         done[_place(orig, target, move, same_fs)] += 1
+    marker.write_text(json.dumps({"src": src, "move": move, "complete": True}), encoding="utf-8")
     kinds = ", ".join(f"{k}: {v}" for k, v in done.items() if v)
     return f"laid out {len(plan)} files from {src} into {dst_path} ({kinds}); mapping: {dst_path / MAPPING}"
 

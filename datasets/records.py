@@ -36,7 +36,14 @@ class Source(Protocol):
 
 def read_bytes(path: str) -> np.ndarray:
     """The file's bytes as a writable uint8 array (torchvision decoders take it without a copy)."""
-    return np.fromfile(path, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)  # half the cost of np.fromfile for small files, which are most of them
+    try:
+        buffer = bytearray(os.fstat(fd).st_size)
+        if os.readv(fd, [buffer]) != len(buffer):
+            raise OSError(f"{path}: file changed size while it was read")
+    finally:
+        os.close(fd)
+    return np.frombuffer(buffer, dtype=np.uint8)
 
 
 class LazyArray:

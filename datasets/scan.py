@@ -48,8 +48,24 @@ def normalize_extensions(extensions) -> tuple[str, ...]:
 
 
 NETWORK_FILESYSTEMS = {
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs", "glusterfs",
-    "9p", "afs", "panfs", "wekafs", "orangefs", "pvfs2", "davfs",
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "cephfs",
+    "glusterfs",
+    "9p",
+    "afs",
+    "panfs",
+    "wekafs",
+    "orangefs",
+    "pvfs2",
+    "davfs",
 }
 
 
@@ -247,7 +263,9 @@ def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
         dirs.extend(scan.dirs)
         loops.extend(scan.loops)
     for loop in loops:
-        log.warning("skipping symlink loop %s (it points back at a folder above it)", os.path.join(root, loop))
+        log.warning(
+            "skipping symlink loop %s (it points back at a folder above it)", os.path.join(root, loop)
+        )
     return TreeScan(classes, scans, dirs, loops)
 
 
@@ -260,8 +278,12 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     and shallow classes spread evenly) and streams ``(index, ClassScan)`` back as it goes."""
     scans: list[ClassScan | None] = [None] * len(classes)
     procs = [
-        subprocess.Popen([sys.executable, "-S", "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for _ in range(workers)
     ]
     lock = threading.Lock()
@@ -287,7 +309,9 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
         reader.join()
         stderr = proc.stderr.read().decode(errors="replace")
         if proc.wait() != 0:
-            errors.append(stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {proc.returncode}")
+            errors.append(
+                stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {proc.returncode}"
+            )
     if errors or any(scan is None for scan in scans):
         raise OSError(f"scanning {root} failed: {'; '.join(errors) or 'a worker stopped early'}")
     return scans

@@ -14,8 +14,13 @@ import torch.nn.functional as F
 
 
 class ImageClassifier(L.LightningModule):
-    def __init__(self, net: Callable[..., torch.nn.Module], num_classes: int, lr: float = 3e-3,
-                 weight_decay: float = 1e-4):
+    def __init__(
+        self,
+        net: Callable[..., torch.nn.Module],
+        num_classes: int,
+        lr: float = 3e-3,
+        weight_decay: float = 1e-4,
+    ):
         super().__init__()
         self.save_hyperparameters(ignore=["net"])
         self.net = net(num_classes=num_classes)
@@ -32,10 +37,23 @@ class ImageClassifier(L.LightningModule):
         hard = target.argmax(dim=1) if target.dim() == 2 else target
         acc = (logits.argmax(dim=1) == hard).float().mean()
         on_epoch = stage != "train"
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", on_epoch=on_epoch, sync_dist=on_epoch,
-                 batch_size=len(image))
-        self.log(f"{stage}/acc", acc, prog_bar=True, on_epoch=True, on_step=False, sync_dist=True,
-                 batch_size=len(image))
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=stage == "train",
+            on_epoch=on_epoch,
+            sync_dist=on_epoch,
+            batch_size=len(image),
+        )
+        self.log(
+            f"{stage}/acc",
+            acc,
+            prog_bar=True,
+            on_epoch=True,
+            on_step=False,
+            sync_dist=True,
+            batch_size=len(image),
+        )
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -45,7 +63,13 @@ class ImageClassifier(L.LightningModule):
         self._step(batch, "val")
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        epochs = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay
+        )
+        epochs = (
+            self.trainer.max_epochs
+            if self.trainer and self.trainer.max_epochs and self.trainer.max_epochs > 0
+            else 1
+        )
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}

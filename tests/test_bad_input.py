@@ -53,7 +53,9 @@ def test_bad_config_values_name_their_key(tree):
 
 @pytest.fixture
 def corrupt_tree(tmp_path):
-    root = make_tree(tmp_path / "t", {"a": [f"{i}.png" for i in range(4)], "b": [f"{i}.png" for i in range(4)]})
+    root = make_tree(
+        tmp_path / "t", {"a": [f"{i}.png" for i in range(4)], "b": [f"{i}.png" for i in range(4)]}
+    )
     (tmp_path / "t" / "a" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     return root
 
@@ -83,13 +85,26 @@ def test_missing_file_during_training_is_a_bad_sample(corrupt_tree, caplog):
 
 
 def test_train_raises_on_corrupt_image_when_asked(make_cfg, corrupt_tree):
-    cfg = make_cfg(*FAST, "source=folder", f"source.root={corrupt_tree}", "source.val_fraction=0",
-                   "data.on_bad_sample=raise", "data.batch_size=8", "transforms=digits")
+    cfg = make_cfg(
+        *FAST,
+        "source=folder",
+        f"source.root={corrupt_tree}",
+        "source.val_fraction=0",
+        "data.on_bad_sample=raise",
+        "data.batch_size=8",
+        "transforms=digits",
+    )
     with pytest.raises(BadSampleError, match=r"a/1\.png"):
         train(cfg)
 
 
 def test_train_skips_corrupt_image_by_default(make_cfg, corrupt_tree):
-    cfg = make_cfg(*FAST, "source=folder", f"source.root={corrupt_tree}", "source.val_fraction=0",
-                   "data.batch_size=8", "transforms=digits")
+    cfg = make_cfg(
+        *FAST,
+        "source=folder",
+        f"source.root={corrupt_tree}",
+        "source.val_fraction=0",
+        "data.batch_size=8",
+        "transforms=digits",
+    )
     assert train(cfg)["metrics"]["train/loss"] > 0

@@ -11,20 +11,47 @@ import pytest
 from tests.conftest import ROOT_DIR
 
 
+def run_benchmark(script: str, tmp_path, *args: str) -> tuple[str, dict]:
+    """Run ``benchmarks/<script>`` on its own tiny data; returns what it printed and its JSON."""
+    out = tmp_path / "result.json"
+    cmd = [
+        sys.executable,
+        f"benchmarks/{script}",
+        *args,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--json",
+        str(out),
+    ]
+    printed = subprocess.run(
+        cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600
+    ).stdout
+    return printed, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
-    out = tmp_path / "result.json"
-    cmd = [sys.executable, "benchmarks/index_scale.py", "--files", "400", "--classes", "20", "--repeat", "1",
-           "--data-dir", str(tmp_path / "data"), "--json", str(out)]
-    printed = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600).stdout
+    printed, result = run_benchmark(
+        "index_scale.py", tmp_path, "--files", "400", "--classes", "20", "--repeat", "1"
+    )
     assert "| first build |" in printed and "| setup without manifest |" in printed
-    result = json.loads(out.read_text())
     assert result["files"] == 400
     rows = {r["measure"]: r for r in result["rows"]}
-    assert set(rows) == {"first build", "cached load", "setup without manifest", "RSS added", "pickled dataset",
-                         "worker memory growth / epoch", "spawn: first batch"}
+    assert set(rows) == {
+        "first build",
+        "cached load",
+        "setup without manifest",
+        "RSS added",
+        "pickled dataset",
+        "worker memory growth / epoch",
+        "spawn: first batch",
+    }
     for name, row in rows.items():
-        kinds = {"imagefolder", "lazy_folder"} if name == "setup without manifest" else {"imagefolder", "folder", "lazy_folder"}
+        kinds = (
+            {"imagefolder", "lazy_folder"}
+            if name == "setup without manifest"
+            else {"imagefolder", "folder", "lazy_folder"}
+        )
         assert set(row["values"]) == kinds and all(v > 0 for v in row["values"].values())
     assert {t["met"] for r in rows.values() for t in r["targets"].values()} <= {True, False}
     assert rows["first build"]["targets"]["folder"]["target"] == ">= 3x faster"
@@ -32,12 +59,28 @@ def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_benchmark_runs_every_row(tmp_path):
-    out = tmp_path / "throughput.json"
-    cmd = [sys.executable, "benchmarks/throughput.py", "--images", "200", "--batch-size", "16", "--repeat", "1",
-           "--data-dir", str(tmp_path / "data"), "--json", str(out)]
-    printed = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600).stdout
+    printed, result = run_benchmark(
+        "throughput.py", tmp_path, "--images", "200", "--batch-size", "16", "--repeat", "1"
+    )
     assert "| ImageFolder (PIL classic) |" in printed
-    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
-    assert len(rows) == 8 and all(r["images_per_s"] > 0 for r in rows.values())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert len(rows) == 9 and all(r["images_per_s"] > 0 for r in rows.values())
+    assert [c["target"] for c in rows["folder"]["checks"]][0] == ">= 2.2x ImageFolder"
+    assert "of 2 x 1 process" in rows["folder"]["checks"][1]["target"]
     assert rows["ImageFolder (PIL classic)"]["ratio"] == 1.0
     assert [c["target"] for c in rows["hdf5 (raw 256)"]["checks"]][0] == ">= 6x ImageFolder"
+
+
+@pytest.mark.slow
+def test_reduced_decode_benchmark_runs_and_writes_json(tmp_path):
+    printed, result = run_benchmark(
+        "reduced_decode.py", tmp_path, "--images", "6", "--side", "900", "--repeat", "1"
+    )
+    assert "| feedline, reduced decode |" in printed
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {
+        "ImageFolder (PIL classic)",
+        "feedline, full-size decode",
+        "feedline, reduced decode",
+    }
+    assert all(r["images_per_s"] > 0 for r in rows.values())

@@ -17,17 +17,25 @@ from tests.conftest import CONF, ROOT_DIR
 from utils.instantiate import instantiate, instantiate_all
 
 OPTIONS = sorted(
-    (group.name, option.stem)
-    for group in CONF.iterdir()
-    if group.is_dir()
-    for option in group.glob("*.yaml")
+    (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() for option in group.glob("*.yaml")
 )
 
 
 def test_every_group_has_options():
     groups = {g for g, _ in OPTIONS}
-    assert {"source", "transforms", "collate", "data", "model", "trainer", "logger", "callbacks", "paths",
-            "hydra", "experiment"} <= groups
+    assert {
+        "source",
+        "transforms",
+        "collate",
+        "data",
+        "model",
+        "trainer",
+        "logger",
+        "callbacks",
+        "paths",
+        "hydra",
+        "experiment",
+    } <= groups
 
 
 def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
@@ -50,8 +58,8 @@ def test_every_option_composes_and_instantiates(make_cfg, tree, tmp_path, group,
             OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
     if group in ("paths", "hydra"):
         return
-    if group == "trainer" and option == "gpu" and not torch.cuda.is_available():
-        pytest.skip("trainer=gpu composes; building it needs a GPU")
+    if group == "trainer" and option in ("gpu", "ddp") and not torch.cuda.is_available():
+        pytest.skip(f"trainer={option} composes; building it needs a GPU")
     if group == "experiment":
         datamodule = instantiate(cfg.data, "data")
         assert isinstance(datamodule, ImageDataModule)
@@ -82,8 +90,12 @@ def test_unknown_option_lists_the_valid_ones(make_cfg):
 
 @pytest.mark.parametrize(
     ("override", "key"),
-    [("data.batchsize=3", "batchsize"), ("data.batch_size=big", "batch_size"),
-     ("data.on_bad_sample=ignore", "on_bad_sample"), ("source.roott=/x", "roott")],
+    [
+        ("data.batchsize=3", "batchsize"),
+        ("data.batch_size=big", "batch_size"),
+        ("data.on_bad_sample=ignore", "on_bad_sample"),
+        ("source.roott=/x", "roott"),
+    ],
 )
 def test_config_mistakes_fail_at_composition_naming_the_key(make_cfg, override, key):
     with pytest.raises(ConfigCompositionException) as err:
@@ -99,8 +111,11 @@ def test_folder_source_without_root_says_what_to_set(make_cfg):
 
 @pytest.mark.slow
 def test_cli_prints_config_and_lists_options():
-    out = subprocess.run([sys.executable, "train.py", "--cfg", "job"], cwd=ROOT_DIR, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "train.py", "--cfg", "job"], cwd=ROOT_DIR, capture_output=True, text=True, check=True
+    ).stdout
     assert "_target_: datamodules.image.ImageDataModule" in out and "source:" in out
-    bad = subprocess.run([sys.executable, "train.py", "source=nope"], cwd=ROOT_DIR, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "train.py", "source=nope"], cwd=ROOT_DIR, capture_output=True, text=True
+    )
     assert bad.returncode != 0 and "folder" in bad.stderr and "digits" in bad.stderr

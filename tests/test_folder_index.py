@@ -18,7 +18,17 @@ from tests.helpers import backdate_tree, make_tree
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 AWKWARD = {
-    "beta": ["b.png", "a.JPG", "notes.txt", "z/1.png", "z/0.jpeg", "z-/x.png", "z.d/y.png", "z /w.png", "Z/q.PNG"],
+    "beta": [
+        "b.png",
+        "a.JPG",
+        "notes.txt",
+        "z/1.png",
+        "z/0.jpeg",
+        "z-/x.png",
+        "z.d/y.png",
+        "z /w.png",
+        "Z/q.PNG",
+    ],
     "alpha": ["02.png", "10.png", "1.png", "deep/er/x.png", "deep/a.png", "deep.png", "README"],
     "Gamma": ["img.webp", "img.bmp", "img.tif"],
     "ünï": ["café.png", "日本.png", "e\u0301.png"],
@@ -52,7 +62,9 @@ def test_symlinked_class_and_folder_are_followed_like_imagefolder(tmp_path):
 
 
 def test_hidden_entries_are_skipped(tmp_path):
-    root = make_tree(tmp_path / "tree", {"a": ["1.png", ".hidden.png", ".ipynb_checkpoints/x.png"], "b": ["2.png"]})
+    root = make_tree(
+        tmp_path / "tree", {"a": ["1.png", ".hidden.png", ".ipynb_checkpoints/x.png"], "b": ["2.png"]}
+    )
     os.makedirs(os.path.join(root, ".cache"))
     classes, samples = _index_rel(root, tmp_path / "cache")
     assert classes == ["a", "b"]

@@ -29,7 +29,9 @@ def _convert(make_cfg, tree, out, *overrides):
 
 @pytest.fixture
 def tree(tmp_path):
-    root = make_tree(tmp_path / "tree", {c: [f"{i}.png" for i in range(5)] + ["x.jpg"] for c in ("a", "b", "c")})
+    root = make_tree(
+        tmp_path / "tree", {c: [f"{i}.png" for i in range(5)] + ["x.jpg"] for c in ("a", "b", "c")}
+    )
     return root
 
 
@@ -85,8 +87,15 @@ def test_foreign_float_chw_file_trains_by_config_alone(make_cfg, tmp_path):
     assert np.array_equal(payload, np.rint(images[0] * 255).astype(np.uint8))
     val = source.split("val")
     assert len(val) == 6 and sorted(val[i][1] for i in range(6)) == [0, 0, 1, 1, 2, 2]
-    cfg = make_cfg(*FAST, "source=hdf5", f"source.path={tmp_path / 'foreign.h5'}", "source.images_key=x",
-                   "source.labels_key=y", "source.layout=chw", "transforms=digits")
+    cfg = make_cfg(
+        *FAST,
+        "source=hdf5",
+        f"source.path={tmp_path / 'foreign.h5'}",
+        "source.images_key=x",
+        "source.labels_key=y",
+        "source.layout=chw",
+        "transforms=digits",
+    )
     assert train(cfg)["metrics"]["train/loss"] > 0
 
 
@@ -97,8 +106,9 @@ def test_spawn_workers_read_batches(make_cfg, tree, tmp_path):
     from torchvision.transforms import v2
 
     dataset = SampleDataset(records, v2.Resize([8, 8]))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=Uint8Collate(),
-                                         multiprocessing_context="spawn")
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=5, num_workers=2, collate_fn=Uint8Collate(), multiprocessing_context="spawn"
+    )
     labels = torch.cat([batch.label for batch in loader])
     assert labels.tolist() == [0] * 6 + [1] * 6 + [2] * 6
 
@@ -173,7 +183,9 @@ def test_missing_key_lists_what_the_file_holds(tmp_path):
 def test_train_from_a_converted_file(make_cfg, tmp_path):
     tree = simple_tree(tmp_path / "t")
     _convert(make_cfg, tree, tmp_path / "out.h5")
-    cfg = make_cfg(*FAST, "source=hdf5", f"source.path={tmp_path / 'out.h5'}", "transforms=digits", "data.num_workers=2")
+    cfg = make_cfg(
+        *FAST, "source=hdf5", f"source.path={tmp_path / 'out.h5'}", "transforms=digits", "data.num_workers=2"
+    )
     assert train(cfg)["metrics"]["train/loss"] > 0
 
 
@@ -200,8 +212,15 @@ def test_convert_cli(tmp_path, tree):
     from tests.conftest import ROOT_DIR
 
     out = tmp_path / "cli.h5"
-    cmd = [sys.executable, "convert.py", "source=folder", f"source.root={tree}", f"out.path={out}",
-           f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "convert.py",
+        "source=folder",
+        f"source.root={tree}",
+        f"out.path={out}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     done = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "converted 18 images" in done.stderr + done.stdout and out.exists()
@@ -212,10 +231,28 @@ def test_contiguous_arrays_are_memory_mapped_and_match_h5py(make_cfg, tmp_path):
     (tmp_path / "t" / "a" / "2.png").write_bytes(b"broken")  # a skipped input: the raw file is trimmed
     _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.size=8")
     records = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")
-    assert records.mapped is not None and isinstance(records.images, np.memmap)
+    assert records.mapped is not None and isinstance(records.images.base, np.memmap)
     with h5py.File(tmp_path / "raw.h5") as f:
         assert f["images"].shape == (7, 8, 8, 3)
         for i in range(7):
             assert np.array_equal(records[i][0], f["images"][i].transpose(2, 0, 1))
     batch = records.getitems([6, 0, 3])
     assert [lab for _, lab in batch] == [1, 0, 1] and np.array_equal(batch[0][0], records[6][0])
+
+
+def test_origin_is_converted_on_prepare_and_gives_the_same_split(tree, tmp_path):
+    from datasets.folder import FolderSource
+    from datasets.hdf5 import HDF5Source
+
+    origin = FolderSource(tree, val_fraction=0)
+    path = tmp_path / "made.h5"
+    source = HDF5Source(path, val_fraction=0.34, origin=origin, convert_options={"workers": 1})
+    assert source.classes == origin.classes and not path.exists()  # known before prepare(), from the origin
+    source.prepare()
+    assert path.exists()
+    folder = FolderSource(tree, val_fraction=0.34)
+    folder.prepare()
+    for split in ("train", "val"):
+        ours, theirs = source.split(split), folder.split(split)
+        assert [ours[i][1] for i in range(len(ours))] == [theirs[i][1] for i in range(len(theirs))]
+        assert all(bytes(ours[i][0]) == bytes(theirs[i][0]) for i in range(len(ours)))

@@ -79,7 +79,9 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, tree, caplog, damage)
 
 def _build_in_child(root, cache, barrier, results):
     barrier.wait()  # start together: both scan, both try to publish
-    index = index_module.build(root, index_module.IMG_EXTENSIONS, index_dir(root, index_module.IMG_EXTENSIONS, cache))
+    index = index_module.build(
+        root, index_module.IMG_EXTENSIONS, index_dir(root, index_module.IMG_EXTENSIONS, cache)
+    )
     results.put(_samples(index))
 
 
@@ -158,7 +160,10 @@ def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path)
     monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs4")
     assert scan.scan_plan(str(tmp_path)) == ("threads", 16)
     monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
-    assert scan.scan_plan(str(tmp_path)) == ("processes", min(8, scan.available_cpus())) or scan.available_cpus() == 1
+    assert (
+        scan.scan_plan(str(tmp_path)) == ("processes", min(8, scan.available_cpus()))
+        or scan.available_cpus() == 1
+    )
     assert scan.scan_plan(str(tmp_path), 1) == ("serial", 1)
     with pytest.raises(ValueError, match="source.scan_workers"):
         scan.scan_plan(str(tmp_path), 0)
@@ -174,7 +179,9 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
     import datasets.scan as scan
 
     root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
-    monkeypatch.setattr(scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)")
+    monkeypatch.setattr(
+        scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"
+    )
     monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
         open_index(root, cache_dir=tmp_path / "cache", workers=2)

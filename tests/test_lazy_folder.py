@@ -38,7 +38,10 @@ def test_layout_round_trip_gives_the_folder_sources_samples(tmp_path):
     src = make_tree(tmp_path / "src", NESTED)
     layout(src, str(tmp_path / "dst"))
     backdate_tree(tmp_path / "dst")
-    folder, lazy_source = FolderSource(src, val_fraction=0.3, seed=1), LazyFolderSource(tmp_path / "dst", val_fraction=0.3, seed=1)
+    folder, lazy_source = (
+        FolderSource(src, val_fraction=0.3, seed=1),
+        LazyFolderSource(tmp_path / "dst", val_fraction=0.3, seed=1),
+    )
     lazy_source.prepare()
     assert lazy_source.classes == folder.classes
     for split in ("train", "val"):
@@ -50,7 +53,9 @@ def test_layout_writes_the_mapping_and_hard_links(tmp_path):
     summary = layout(src, str(tmp_path / "dst"))
     lines = (tmp_path / "dst" / "mapping.tsv").read_text().splitlines()
     assert lines[0] == "new_path\toriginal_path" and len(lines) == 13
-    assert "beta/1.png\t" + os.path.join(src, "beta", "c.png") in lines  # b, c, then a/x, a-b/y: ImageFolder order
+    assert (
+        "beta/1.png\t" + os.path.join(src, "beta", "c.png") in lines
+    )  # b, c, then a/x, a-b/y: ImageFolder order
     assert os.path.samefile(tmp_path / "dst" / "beta" / "1.png", os.path.join(src, "beta", "c.png"))
     assert "links: 12" in summary
 
@@ -96,11 +101,24 @@ def test_layout_refuses_a_foreign_non_empty_destination(tmp_path):
 
 def test_layout_cli(tmp_path):
     src = make_tree(tmp_path / "src", NESTED)
-    cmd = [sys.executable, "-m", "datasets.lazy_folder", "layout", src, str(tmp_path / "dst"), "--cache-dir", str(tmp_path / "c")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "datasets.lazy_folder",
+        "layout",
+        src,
+        str(tmp_path / "dst"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     out = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout
     assert "laid out 12 files" in out
-    ok = subprocess.run([sys.executable, "-m", "datasets.lazy_folder", "verify", str(tmp_path / "dst")],
-                        cwd=ROOT_DIR, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "datasets.lazy_folder", "verify", str(tmp_path / "dst")],
+        cwd=ROOT_DIR,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "3 classes, 12 samples, 0 with defects" in ok.stdout
 
 
@@ -110,7 +128,11 @@ def test_classes_counts_and_extensions_per_class(tmp_path):
     source = LazyFolderSource(root, val_fraction=0)
     records = source.split("train")
     assert source.classes == ["a", "b", "c"] and len(records) == 7
-    assert [records.locate(i) for i in (0, 2, 6)] == [(f"{root}/a/0.jpg", 0), (f"{root}/b/0.jpg", 1), (f"{root}/c/1.png", 2)]
+    assert [records.locate(i) for i in (0, 2, 6)] == [
+        (f"{root}/a/0.jpg", 0),
+        (f"{root}/b/0.jpg", 1),
+        (f"{root}/c/1.png", 2),
+    ]
 
 
 def test_mixed_extensions_name_the_class_and_files(tmp_path):
@@ -147,7 +169,9 @@ def test_counts_on_the_fly_cover_gaps_with_a_warning(tmp_path, caplog):
 def test_prepare_writes_a_manifest_that_later_ranks_map(tmp_path, monkeypatch):
     root = _lazy_tree(tmp_path / "t", {"a": 4, "b": 3})
     LazyFolderSource(root, cache_dir=tmp_path / "c").prepare()
-    monkeypatch.setattr(lazy, "class_count", lambda *a, **k: pytest.fail("listed a class despite the manifest"))
+    monkeypatch.setattr(
+        lazy, "class_count", lambda *a, **k: pytest.fail("listed a class despite the manifest")
+    )
     other_rank = LazyFolderSource(root, cache_dir=tmp_path / "c", val_fraction=0)
     assert len(other_rank.split("train")) == 7
 
@@ -194,3 +218,16 @@ def test_train_from_a_lazy_layout(make_cfg, tmp_path):
     layout(src, str(tmp_path / "dst"))
     cfg = make_cfg(*FAST, "source=lazy_folder", f"source.root={tmp_path / 'dst'}", "transforms=digits")
     assert train(cfg)["metrics"]["train/loss"] > 0
+
+
+def test_origin_is_laid_out_on_prepare_once(tree, tmp_path, monkeypatch):
+    origin = FolderSource(tree, val_fraction=0)
+    root = tmp_path / "lazy"
+    source = LazyFolderSource(root, val_fraction=0, origin=origin)
+    assert source.classes == origin.classes and not root.exists()
+    source.prepare()
+    assert len(source.split("train")) == len(origin.split("all"))
+    monkeypatch.setattr(
+        lazy_layout, "plan_layout", lambda *a, **k: pytest.fail("a complete layout was planned again")
+    )
+    LazyFolderSource(root, val_fraction=0, origin=origin).prepare()

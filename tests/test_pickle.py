@@ -16,7 +16,9 @@ from transforms.stacks import TransformStacks
 
 def _datamodule(tree, **kwargs):
     stacks = TransformStacks(train=[v2.Resize([16, 16])], eval=[v2.Resize([16, 16])])
-    return ImageDataModule(FolderSource(tree, val_fraction=0.2), stacks, Uint8Collate(), batch_size=4, **kwargs)
+    return ImageDataModule(
+        FolderSource(tree, val_fraction=0.2), stacks, Uint8Collate(), batch_size=4, **kwargs
+    )
 
 
 def test_datamodule_and_datasets_survive_pickle(tree):

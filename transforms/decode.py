@@ -15,6 +15,8 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
+from transforms.reduce import reduction
+
 # torchvision 0.29 marks its decoders deprecated in favour of TorchCodec and warns on every call; they
 # remain the fastest image decoders installed with torchvision, so feedline keeps them quiet.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
@@ -30,9 +32,12 @@ def _torchvision_reads(head: bytes) -> bool:
     return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
 
 
-def decode(payload) -> torch.Tensor:
+def decode(payload, floor=None) -> torch.Tensor:
     """Payload -> uint8 (3, H, W) tensor. Encoded bytes (numpy uint8 array, bytes or uint8 tensor) are
-    decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB."""
+    decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB.
+
+    ``floor`` (from ``transforms.reduce.minimum_size``) lets a JPEG decode at 1/2, 1/4 or 1/8 scale when
+    the image stays at or above the size the first transform needs."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         payload = np.frombuffer(payload, dtype=np.uint8)
     data = torch.as_tensor(payload)
@@ -43,13 +48,21 @@ def decode(payload) -> torch.Tensor:
         if channels in (1, 4):
             return data[:1].expand(3, -1, -1) if channels == 1 else data[:3]
     if data.dtype != torch.uint8 or data.dim() != 1:
-        raise DecodeError(f"expected encoded image bytes (1-D uint8) or a uint8 (C, H, W) array, "
-                          f"got {data.dtype} of shape {tuple(data.shape)}")
+        raise DecodeError(
+            f"expected encoded image bytes (1-D uint8) or a uint8 (C, H, W) array, "
+            f"got {data.dtype} of shape {tuple(data.shape)}"
+        )
     if data.numel() == 0:
         raise DecodeError("empty file")
     head = data[:12].numpy().tobytes()
     try:
-        image = decode_image(data, mode=ImageReadMode.RGB) if _torchvision_reads(head) else _decode_pil(data)
+        factor = _jpeg_reduction(data, head, floor) if floor is not None else 1
+        if factor > 1:
+            image = _decode_pil(data, factor)
+        elif _torchvision_reads(head):
+            image = decode_image(data, mode=ImageReadMode.RGB)
+        else:
+            image = _decode_pil(data)
     except DecodeError:
         raise
     except Exception as err:  # decoders raise RuntimeError / OSError / ValueError / ...
@@ -59,14 +72,45 @@ def decode(payload) -> torch.Tensor:
     return image
 
 
-def _decode_pil(data: torch.Tensor) -> torch.Tensor:
+def _jpeg_reduction(data: torch.Tensor, head: bytes, floor) -> int:
+    if not head.startswith(b"\xff\xd8\xff"):
+        return 1
+    size = jpeg_size(data.numpy())
+    return reduction(floor, *size) if size else 1
+
+
+# Start-of-frame markers: every SOFn except DHT (C4), JPG (C8) and DAC (CC).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: np.ndarray) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header, without decoding; None when there is none."""
+    buf = memoryview(data)  # Python ints per byte, no numpy scalars: this runs for every sample
+    pos, end = 2, len(buf) - 9
+    while pos < end:
+        if buf[pos] != 0xFF:
+            return None
+        marker = buf[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _SOF:
+            return buf[pos + 5] << 8 | buf[pos + 6], buf[pos + 7] << 8 | buf[pos + 8]
+        pos += 2 + (buf[pos + 2] << 8 | buf[pos + 3])
+    return None
+
+
+def _decode_pil(data: torch.Tensor, factor: int = 1) -> torch.Tensor:
+    """PIL's decoders; ``factor`` > 1 asks libjpeg for a DCT-scaled decode (``Image.draft``)."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
+        if factor > 1:
+            img.draft("RGB", (img.width // factor, img.height // factor))
         img.load()
         if img.mode.startswith("I;16") or img.mode == "I":
             array = (np.asarray(img, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8)
             array = np.repeat(array[:, :, None], 3, axis=2)
         else:
             array = np.array(img.convert("RGB"))
-    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)  # channels-last, as torchvision's

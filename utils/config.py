@@ -29,6 +29,7 @@ class DataConfig:
     on_bad_sample: OnBadSample = OnBadSample.skip  # skip | raise
     multiprocessing_context: Optional[str] = None  # noqa: UP045 - fork, spawn, forkserver
     drop_last: bool = False
+    reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much
 
 
 def register_configs() -> None:

@@ -27,7 +27,9 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
             cause = cause.__cause__
         if isinstance(cause, (OSError, ValueError)) and _NAMES_A_KEY.search(str(cause)):
             raise cause from None
-        raise InstantiationException(f"could not build config key '{key}' (_target_: {target}): {err}") from err
+        raise InstantiationException(
+            f"could not build config key '{key}' (_target_: {target}): {err}"
+        ) from err
 
 
 def instantiate_all(cfg: DictConfig | None, key: str) -> list:

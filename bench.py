@@ -1,0 +1,137 @@
+"""How fast is the configured train loader, and why: throughput, a per-stage breakdown and a verdict.
+
+python bench.py source=folder source.root=/data/train transforms=imagenet
+python bench.py source=folder source.root=/data/train bench.workers=sweep
+python bench.py source=hdf5 source.path=/data/train.h5 bench.model_step=true model=resnet18
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import utils.config  # noqa: F401 - registers the structured-config schemas
+from datasets.scan import available_cpus
+from utils.bench_report import print_report
+from utils.instantiate import instantiate
+from utils.loader_bench import measure_loader, model_step, stage_breakdown
+from utils.results import write_json
+from utils.verdict import diagnose, recommend_workers
+
+log = logging.getLogger("feedline")
+
+
+def bench(cfg: DictConfig, show: bool = True) -> dict:
+    """Measure ``cfg.data``'s train loader; returns (and writes to ``bench.json_path``) the result."""
+    options = cfg.bench
+    L.seed_everything(cfg.seed)
+    datamodule = instantiate(cfg.data, "data")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    dataset = datamodule.datasets["train"]
+    settings = datamodule.loader_settings()
+    workers, batch_size, cpus = settings["num_workers"], settings["batch_size"], available_cpus()
+
+    sweep_mode = str(options.workers) == "sweep"
+    if options.workers is not None and not sweep_mode:
+        datamodule.num_workers = workers = int(options.workers)
+    indices = random.Random(cfg.seed).sample(
+        range(len(dataset)), min(int(options.sample_items), len(dataset))
+    )
+    # ipc is timed when batches will cross processes (workers > 0, or a sweep that includes workers)
+    breakdown = stage_breakdown(
+        dataset, datamodule.collate, indices, batch_size, workers=int(workers or sweep_mode)
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches"),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+    ) as progress:
+
+        def run(n_workers: int, batches: int, label: str) -> dict:
+            datamodule.num_workers = n_workers
+            task = progress.add_task(label, total=batches if options.seconds is None else None)
+            loader = datamodule.train_dataloader()
+            return measure_loader(
+                loader, batches, options.seconds, int(options.warmup), lambda n: progress.advance(task, n)
+            )
+
+        sweep = None
+        if sweep_mode:
+            sweep = {
+                w: run(w, int(options.sweep_batches), f"num_workers={w}")["samples_per_s"]
+                for w in range(cpus + 1)
+            }
+            workers = recommend_workers(sweep)
+        loader = run(workers, int(options.batches), f"measuring with num_workers={workers}")
+
+    result = {
+        "pipeline": f"{_choices(cfg)}, {len(dataset)} samples, batch {batch_size}",
+        "workers": workers,
+        "cpus": cpus,
+        "loader": loader,
+        "mb_per_s": loader["samples_per_s"] * breakdown["payload_bytes"] / 1e6,
+        "breakdown": breakdown,
+        "sweep": sweep,
+        "recommended_workers": recommend_workers(sweep) if sweep else None,
+        "verdict": diagnose(breakdown, loader["samples_per_s"], workers, cpus, sweep),
+    }
+    if options.model_step:
+        result["model"] = _model_step(cfg, datamodule, loader["samples_per_s"], batch_size)
+    if show:
+        print_report(result)
+    write_json(options.json_path, result)
+    log.info(
+        "bench: %.1f samples/s, %s; written to %s",
+        loader["samples_per_s"],
+        result["verdict"]["verdict"],
+        options.json_path,
+    )
+    return result
+
+
+def _choices(cfg: DictConfig) -> str:
+    if HydraConfig.initialized():
+        choices = HydraConfig.get().runtime.choices
+        return " ".join(
+            f"{group}={choices[group]}" for group in ("source", "transforms", "collate") if group in choices
+        )
+    return f"source={cfg.source._target_}"
+
+
+def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: int) -> dict:
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    device = torch.device(
+        "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+    )
+    model = instantiate(cfg.model, "model", num_classes=datamodule.num_classes)
+    datamodule.num_workers = 0
+    batch = next(iter(datamodule.train_dataloader()))
+    step = model_step(model, batch, device, lambda b: datamodule.device_batch(b, training=True))
+    loader_batch = batch_size / samples_per_s
+    return {
+        "device": str(device),
+        "step_s": step,
+        "loader_batch_s": loader_batch,
+        "covered": min(1.0, step / loader_batch),
+        "idle_share": max(0.0, 1 - step / loader_batch),
+    }
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    bench(cfg)
+
+
+if __name__ == "__main__":
+    main()

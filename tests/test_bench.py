@@ -1,0 +1,120 @@
+"""bench.py on tiny trees: the breakdown adds up, and the verdict names what was made slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import bench
+from tests.conftest import ROOT_DIR
+from tests.helpers import simple_tree
+
+# transforms=none keeps the real work tiny, so the stage made slow on purpose dominates even on a busy machine.
+QUICK = [
+    "bench.batches=4",
+    "bench.warmup=1",
+    "bench.sample_items=24",
+    "data.batch_size=4",
+    "data.num_workers=0",
+    "transforms=none",
+]
+SLEEP = "transforms.train=[{_target_: tests.slow.Sleep, seconds: 0.008}]"
+
+
+def run(make_cfg, tmp_path, *overrides):
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={tree}",
+        *QUICK,
+        f"bench.json_path={tmp_path / 'bench.json'}",
+        *overrides,
+        config="bench",
+    )
+    return bench(cfg, show=False)
+
+
+def test_breakdown_sums_to_about_the_total(make_cfg, tmp_path):
+    result = run(make_cfg, tmp_path, SLEEP)
+    stages = result["breakdown"]
+    assert set(stages["per_sample_s"]) == {"read", "decode", "transform", "collate", "ipc"}
+    assert stages["per_sample_s"]["ipc"] == 0  # data.num_workers=0: nothing crosses processes
+    assert stages["stages_sum_s"] == pytest.approx(stages["end_to_end_s"], rel=0.25)
+    assert sum(stages["share"].values()) == pytest.approx(1.0)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["loader"]["samples_per_s"] == pytest.approx(result["loader"]["samples_per_s"])
+    assert written["mb_per_s"] > 0 and written["loader"]["batches"] == 4
+
+
+def test_slow_reader_is_io_bound(make_cfg, tmp_path):
+    result = run(make_cfg, tmp_path, "source._target_=tests.slow.SleepyFolderSource", "+source.delay=0.008")
+    assert result["verdict"]["verdict"] == "I/O-bound"
+    assert result["breakdown"]["share"]["read"] > 0.5
+    assert any("convert.py" in s for s in result["verdict"]["suggestions"])
+
+
+def test_slow_transform_is_transform_bound(make_cfg, tmp_path):
+    result = run(make_cfg, tmp_path, SLEEP)
+    assert result["verdict"]["verdict"] == "transform-bound"
+    assert result["breakdown"]["share"]["transform"] > 0.5
+
+
+def test_verdict_rules():
+    from utils.verdict import diagnose, recommend_workers
+
+    def breakdown(**share):
+        return {"share": share, "end_to_end_s": 0.001}
+
+    assert (
+        diagnose(breakdown(read=0.1, decode=0.7, transform=0.1, collate=0.1), 1000, 1, 2)["verdict"]
+        == "decode-bound"
+    )
+    assert (
+        diagnose(breakdown(read=0.1, decode=0.1, transform=0.1, collate=0.7), 1000, 1, 2)["verdict"]
+        == "collate/IPC-bound"
+    )
+    # Two workers that could give 2000/s deliver 500/s: the main process is the bottleneck.
+    ipc = diagnose(breakdown(read=0.1, decode=0.7, transform=0.1, collate=0.1), 500, 2, 2)
+    assert ipc["verdict"] == "collate/IPC-bound" and any("collate=uint8" in s for s in ipc["suggestions"])
+    # More workers, no more throughput: I/O-bound even when decode has the largest share.
+    flat = {0: 300.0, 1: 310.0, 2: 320.0, 3: 330.0}
+    assert (
+        diagnose(breakdown(read=0.2, decode=0.6, transform=0.1, collate=0.1), 330, 3, 4, flat)["verdict"]
+        == "I/O-bound"
+    )
+    shipping = breakdown(read=0.1, decode=0.2, transform=0.1, collate=0.1, ipc=0.5)
+    assert diagnose(shipping, 1000, 1, 2)["verdict"] == "collate/IPC-bound"
+    assert recommend_workers({0: 100.0, 1: 180.0, 2: 330.0, 3: 340.0}) == 2
+
+
+@pytest.mark.slow
+def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=12)
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        "bench.py",
+        "source=folder",
+        f"source.root={tree}",
+        "bench.workers=sweep",
+        "bench.sweep_batches=3",
+        "bench.batches=3",
+        "bench.warmup=1",
+        "bench.model_step=true",
+        "data.batch_size=4",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"bench.json_path={out}",
+    ]
+    printed = subprocess.run(
+        cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600
+    ).stdout
+    assert "verdict:" in printed and "worker sweep" in printed and "model step on cpu" in printed
+    result = json.loads(out.read_text())
+    assert set(result["sweep"]) == {str(w) for w in range(result["cpus"] + 1)}
+    assert result["recommended_workers"] in range(result["cpus"] + 1)
+    assert 0 <= result["model"]["idle_share"] <= 1 and result["model"]["step_s"] > 0
+    assert result["breakdown"]["per_sample_s"]["ipc"] > 0  # the sweep runs workers: batches cross processes

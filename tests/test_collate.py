@@ -1,0 +1,95 @@
+"""Collate functions: every one returns a Batch; mixup labels, pad masks, uint8 layout."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from transforms.collate import Batch, DefaultCollate, MixupCutmixCollate, PadCollate, Uint8Collate
+
+
+def _images(shapes, channels_last=False):
+    out = []
+    for k, (h, w) in enumerate(shapes):
+        image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
+        if channels_last:
+            image = image.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        out.append((image, k % 3))
+    return out
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_uint8_collate_stacks_exactly(channels_last):
+    samples = _images([(8, 6)] * 5, channels_last)
+    batch = Uint8Collate()(samples)
+    assert isinstance(batch, Batch) and batch.image.dtype == torch.uint8 and batch.mask is None
+    assert torch.equal(batch.image, torch.stack([s[0] for s in samples]))
+    assert batch.label.tolist() == [0, 1, 2, 0, 1]
+    assert batch.image.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def test_uint8_collate_names_mismatched_sizes():
+    with pytest.raises(RuntimeError, match=r"shapes \(3, 8, 6\) and \(3, 9, 6\).*collate=pad"):
+        Uint8Collate()(_images([(8, 6), (9, 6)]))
+
+
+def test_pad_masks_cover_exactly_the_image():
+    samples = _images([(5, 7), (9, 3), (6, 6)])
+    batch = PadCollate(pad_value=0)(samples)
+    assert batch.image.shape == (3, 3, 9, 7) and batch.mask.shape == (3, 9, 7)
+    for k, (image, _) in enumerate(samples):
+        h, w = image.shape[1:]
+        assert batch.mask[k].sum() == h * w
+        assert batch.mask[k, :h, :w].all()
+        assert torch.equal(batch.image[k, :, :h, :w], image)
+        assert (batch.image[k][:, ~batch.mask[k]] == 0).all()
+
+
+def test_pad_rounds_up_to_a_multiple():
+    batch = PadCollate(multiple_of=8)(_images([(5, 7), (9, 3)]))
+    assert batch.image.shape[-2:] == (16, 8)
+    assert not batch.mask[:, 9:, :].any() and not batch.mask[:, :, 7:].any()
+
+
+def test_pad_sequences_through_pad_sequence():
+    seqs = [(torch.arange(1, n + 1), n % 2) for n in (3, 1, 4)]
+    batch = PadCollate(pad_value=-1)(seqs)
+    assert batch.image.tolist() == [[1, 2, 3, -1], [1, -1, -1, -1], [1, 2, 3, 4]]
+    assert batch.mask.tolist() == [[True, True, True, False], [True, False, False, False], [True] * 4]
+
+
+def test_mixup_soft_labels_sum_to_one():
+    collate = MixupCutmixCollate(mixup_alpha=0.4, cutmix_alpha=1.0, num_classes=5)
+    torch.manual_seed(0)
+    for _ in range(6):  # both MixUp and CutMix get drawn
+        batch = collate.on_device(collate(_images([(16, 16)] * 8)))
+        assert batch.image.dtype == torch.float32
+        assert batch.label.shape == (8, 5)
+        torch.testing.assert_close(batch.label.sum(dim=1), torch.ones(8))
+        assert (batch.label >= 0).all()
+
+
+def test_mixup_mixes_labels_and_prob_zero_gives_one_hot():
+    samples = _images([(4, 4)] * 4)
+    mixed = MixupCutmixCollate(mixup_alpha=1.0, cutmix_alpha=0, num_classes=3).on_device(
+        Uint8Collate()(samples)
+    )
+    assert ((mixed.label > 0).sum(dim=1) >= 1).all() and (mixed.label < 1).any()
+    plain = MixupCutmixCollate(prob=0.0, num_classes=3).on_device(Uint8Collate()(samples))
+    assert plain.label.tolist() == torch.nn.functional.one_hot(torch.tensor([0, 1, 2, 0]), 3).float().tolist()
+
+
+def test_mixup_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="collate.prob"):
+        MixupCutmixCollate(prob=1.5)
+    with pytest.raises(ValueError, match="mixup_alpha or collate.cutmix_alpha"):
+        MixupCutmixCollate(mixup_alpha=0, cutmix_alpha=0)
+
+
+def test_collates_pickle_for_spawn_workers():
+    collate = MixupCutmixCollate(num_classes=4)
+    collate.on_device(collate(_images([(4, 4)] * 2)))  # builds the torchvision mixer
+    for c in (DefaultCollate(), Uint8Collate(), PadCollate(), collate):
+        assert type(pickle.loads(pickle.dumps(c))) is type(c)

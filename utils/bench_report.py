@@ -1,0 +1,65 @@
+"""``bench.py``'s terminal report: rich tables, the verdict and what to try."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_report(result: dict, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not wrap at 80 columns
+            console = Console(width=120)
+    loader = result["loader"]
+    console.print(f"[bold]train loader[/bold]: {result['pipeline']}")
+    table = Table()
+    for column in ("workers", "samples/s", "batches/s", "MB/s read"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(result["workers"]),
+        f"{loader['samples_per_s']:.1f}",
+        f"{loader['batches_per_s']:.2f}",
+        f"{result['mb_per_s']:.1f}",
+    )
+    console.print(table)
+
+    stages = result["breakdown"]
+    console.print(f"per-sample stages, in-process, {stages['items']} items:")
+    table = Table()
+    for column in ("stage", "ms/sample", "share"):
+        table.add_column(column, justify="right" if column != "stage" else "left")
+    for stage, seconds in stages["per_sample_s"].items():
+        table.add_row(stage, f"{seconds * 1e3:.3f}", f"{stages['share'][stage]:.0%}")
+    table.add_row("sum of stages", f"{stages['stages_sum_s'] * 1e3:.3f}", "")
+    table.add_row("end to end", f"{stages['end_to_end_s'] * 1e3:.3f}", "")
+    console.print(table)
+
+    if result.get("sweep"):
+        console.print("worker sweep:")
+        table = Table()
+        table.add_column("num_workers", justify="right")
+        table.add_column("samples/s", justify="right")
+        for workers, rate in result["sweep"].items():
+            mark = "  <- recommended" if int(workers) == result["recommended_workers"] else ""
+            table.add_row(str(workers), f"{rate:.1f}{mark}")
+        console.print(table)
+
+    if result.get("model"):
+        m = result["model"]
+        console.print(
+            f"model step on {m['device']}: {m['step_s'] * 1e3:.1f} ms; the loader needs {m['loader_batch_s'] * 1e3:.1f} ms "
+            f"per batch, so it covers {m['covered']:.0%} of the step; the device would idle {m['idle_share']:.0%} of the time"
+        )
+
+    verdict = result["verdict"]
+    console.print(f"\n[bold]verdict: {verdict['verdict']}[/bold]")
+    for reason in verdict["reasons"]:
+        console.print(f"  - {reason}")
+    console.print("try:")
+    for suggestion in verdict["suggestions"]:
+        console.print(f"  - {suggestion}")
+    if result.get("recommended_workers") is not None:
+        console.print(
+            f"  - data.num_workers={result['recommended_workers']} (the fewest workers within 5% of the best rate)"
+        )

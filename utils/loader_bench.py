@@ -1,0 +1,146 @@
+"""Measurements behind ``bench.py``: the train loader's rate, a per-stage breakdown, a worker sweep and
+one model step. Each function returns plain numbers; ``utils.verdict`` reads them and ``utils.bench_report``
+prints them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+from torch.utils.data import DataLoader
+
+from transforms.decode import decode
+
+STAGES = ("read", "decode", "transform", "collate", "ipc")
+
+
+def _nbytes(payload) -> int:
+    return int(getattr(payload, "nbytes", None) or len(payload))
+
+
+def measure_loader(
+    loader: DataLoader,
+    batches: int,
+    seconds: float | None = None,
+    warmup: int = 2,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Iterate ``loader`` for ``batches`` batches (or ``seconds``) after ``warmup`` batches; no model."""
+    iterator = iter(loader)
+    for _ in range(warmup):
+        if next(iterator, None) is None:
+            raise ValueError("the train split has fewer batches than bench.warmup: lower bench.warmup")
+    samples, done, start = 0, 0, time.perf_counter()
+    for batch in iterator:
+        samples += len(batch[1])
+        done += 1
+        if progress is not None:
+            progress(1)
+        elapsed = time.perf_counter() - start
+        if (seconds is None and done >= batches) or (seconds is not None and elapsed >= seconds):
+            break
+    elapsed = time.perf_counter() - start
+    if done == 0:
+        raise ValueError("no batches left after the warm-up: lower bench.warmup or use more data")
+    return {
+        "samples": samples,
+        "batches": done,
+        "seconds": elapsed,
+        "samples_per_s": samples / elapsed,
+        "batches_per_s": done / elapsed,
+    }
+
+
+def ship(batch) -> None:
+    """What a worker does to hand a batch to the main process: put every tensor in a fresh shared-memory
+    segment (torch allocates one per batch; on some VMs its page faults cost more than the copy)."""
+    for field in batch:
+        if isinstance(field, torch.Tensor) and not field.is_shared():
+            out = torch.empty(0, dtype=field.dtype).set_(torch.UntypedStorage._new_shared(field.nbytes))
+            out.copy_(field.reshape(-1))
+
+
+def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, workers: int = 0) -> dict:
+    """Time each stage, in this process, on ``indices``: read (the source), decode, the per-sample
+    transforms, collate and, when there are workers, ipc (moving the batch into shared memory, as a worker
+    must); then the same items end to end. Returns seconds per sample for each stage, their shares, the
+    end-to-end time and the payload size."""
+    records, transform, floor = dataset.records, dataset.transform, dataset.floor
+    seconds = dict.fromkeys(STAGES, 0.0)
+    payload_bytes, samples = 0, []
+    for i in indices:
+        t0 = time.perf_counter()
+        payload, label = records[i]
+        t1 = time.perf_counter()
+        image = decode(payload, floor)
+        t2 = time.perf_counter()
+        if transform is not None:
+            image = transform(image)
+        t3 = time.perf_counter()
+        seconds["read"] += t1 - t0
+        seconds["decode"] += t2 - t1
+        seconds["transform"] += t3 - t2
+        payload_bytes += _nbytes(payload)
+        samples.append((image, label))
+    for chunk in _chunks(samples, batch_size):
+        t0 = time.perf_counter()
+        batch = collate(chunk)
+        t1 = time.perf_counter()
+        seconds["collate"] += t1 - t0
+        if workers:
+            ship(batch)
+            seconds["ipc"] += time.perf_counter() - t1
+
+    start = time.perf_counter()
+    for chunk in _chunks(indices, batch_size):
+        batch = collate(dataset.__getitems__(chunk))
+        if workers:
+            ship(batch)
+    total = time.perf_counter() - start
+
+    n = len(indices)
+    per_sample = {stage: s / n for stage, s in seconds.items()}
+    stages_sum = sum(per_sample.values())
+    return {
+        "items": n,
+        "per_sample_s": per_sample,
+        "share": {stage: (t / stages_sum if stages_sum else 0.0) for stage, t in per_sample.items()},
+        "stages_sum_s": stages_sum,
+        "end_to_end_s": total / n,
+        "payload_bytes": payload_bytes / n,
+    }
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for k in range(0, len(items), size):
+        yield items[k : k + size]
+
+
+def model_step(
+    model: torch.nn.Module, batch, device: torch.device, on_device: Callable | None, repeats: int = 5
+) -> float:
+    """Seconds for one training step (forward, backward, optimizer step) of ``model`` on ``batch``."""
+    model = model.to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = type(batch)(*(x.to(device) if isinstance(x, torch.Tensor) else x for x in batch))
+    if on_device is not None:
+        batch = on_device(batch)
+    image, label = batch[0], batch[1]
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(image), label)
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up: allocations, cuDNN autotuning
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats

@@ -1,0 +1,86 @@
+"""What limits a data pipeline, from ``bench.py``'s measurements, and what to change.
+
+The rules, in order:
+- I/O-bound: reading takes the largest share of a sample's time, or adding workers does not raise the rate
+  (the disk or the network is the ceiling, not the CPUs);
+- collate- or IPC-bound: collate or ipc (a worker moving its batch into shared memory) takes the largest
+  share, or the loader delivers far less than its workers could produce (the main process is the limit);
+- decode-bound / transform-bound: the largest share, when neither of the above holds.
+"""
+
+from __future__ import annotations
+
+SUGGEST = {
+    "I/O-bound": [
+        "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
+        "shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.size=256",
+        "put the data on local disk or in page cache; raise data.prefetch_factor to hide latency",
+    ],
+    "decode-bound": [
+        "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
+        "re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5",
+        "skip decoding entirely: python convert.py ... out.mode=raw out.size=256, then source=hdf5",
+        "more workers, if CPUs are free (bench.workers=sweep shows the curve)",
+    ],
+    "transform-bound": [
+        "move batch-level work to the device: the transforms.batch stack runs after the transfer",
+        "keep per-sample transforms on uint8 tensors; crop before resizing; drop transforms that do not pay",
+        "more workers, if CPUs are free (bench.workers=sweep shows the curve)",
+    ],
+    "collate/IPC-bound": [
+        "collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32",
+        "convert to float and normalise on the device (transforms.batch), not in the workers",
+        "larger data.batch_size means fewer, bigger messages between processes",
+    ],
+}
+
+FLAT_GAIN = 1.25  # a sweep whose best rate is below this multiple of the 1-worker rate is flat
+IPC_EFFICIENCY = 0.5  # a loader below this share of its workers' in-process capacity is IPC-bound
+
+
+def diagnose(
+    breakdown: dict, rate: float, workers: int, cpus: int, sweep: dict[int, float] | None = None
+) -> dict:
+    """The verdict, the reasons for it and the suggestions; see the module docstring for the rules."""
+    share = breakdown["share"]
+    top = max(share, key=share.get)
+    reasons = [
+        f"{stage} takes {share[stage]:.0%} of a sample's time"
+        for stage in sorted(share, key=share.get, reverse=True)
+    ]
+    capacity = max(1, min(workers, cpus)) / breakdown["end_to_end_s"] if breakdown["end_to_end_s"] else 0.0
+    efficiency = rate / capacity if capacity else 1.0
+
+    flat = False
+    if sweep and 1 in sweep and len(sweep) > 2 and cpus > 1:
+        best = max(sweep.values())
+        flat = best < FLAT_GAIN * sweep[1]
+        if flat:
+            reasons.insert(
+                0, f"throughput stays flat as workers increase ({sweep[1]:.0f} -> {best:.0f} samples/s)"
+            )
+
+    if top == "read" or flat:
+        verdict = "I/O-bound"
+    elif top in ("collate", "ipc") or (workers > 0 and efficiency < IPC_EFFICIENCY):
+        verdict = "collate/IPC-bound"
+        if top not in ("collate", "ipc"):
+            reasons.insert(
+                0,
+                f"the loader delivers {efficiency:.0%} of what {min(workers, cpus)} worker(s) produce "
+                "in-process: the main process is the bottleneck",
+            )
+    else:
+        verdict = "decode-bound" if top == "decode" else "transform-bound"
+    return {
+        "verdict": verdict,
+        "reasons": reasons,
+        "suggestions": SUGGEST[verdict],
+        "loader_efficiency": efficiency,
+    }
+
+
+def recommend_workers(sweep: dict[int, float], within: float = 0.95) -> int:
+    """The fewest workers that reach ``within`` of the best measured rate."""
+    best = max(sweep.values())
+    return min(w for w, rate in sweep.items() if rate >= within * best)
