@@ -24,6 +24,7 @@ This module imports only the standard library at the top, so those workers start
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -302,8 +303,12 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     for k, (proc, reader) in enumerate(zip(procs, readers)):
         reader.start()
         mine = [(i, classes[i]) for i in range(k, len(classes), workers)]
-        pickle.dump((root, extensions, mine), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        proc.stdin.close()
+        try:
+            pickle.dump((root, extensions, mine), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.close()
+        except BrokenPipeError:  # the worker died before reading its tasks; its stderr says why, below
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
     errors = []
     for proc, reader in zip(procs, readers):
         reader.join()

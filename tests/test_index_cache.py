@@ -188,6 +188,18 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
     assert problem(index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")) == "missing"
 
 
+def test_a_scan_worker_that_dies_before_reading_its_tasks_is_named(tmp_path, monkeypatch):
+    """The task list (here over a pipe buffer's worth) meets a closed pipe: the error still says why."""
+    import datasets.scan as scan
+
+    monkeypatch.setattr(
+        scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"
+    )
+    classes = [f"class-{i:06d}-" + "x" * 100 for i in range(4000)]
+    with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
+        scan._scan_in_workers(str(tmp_path), classes, (".png",), 2, bar=None)
+
+
 def test_garbled_staleness_signature_is_rebuilt(tmp_path, tree, caplog):
     cache = tmp_path / "cache"
     open_index(tree, cache_dir=cache)
