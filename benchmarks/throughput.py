@@ -7,7 +7,8 @@ ships, made once under --data-dir, and its HDF5 conversions (encoded; encoded wi
 Every row applies the same training crop (RandomResizedCrop 224 + flip) with the same number of workers
 and counts images/s over full epochs after a warm-up; rows alternate and the median repeat is reported.
 feedline rows use the `imagenet` preset and `collate=uint8`; "folder (1 process)" runs the same pipeline
-with no workers, the rate each worker could reach if the loader cost nothing.
+with no workers, the rate each worker could reach if the loader cost nothing. The "fresh buffers" rows
+turn off the collate's shared-memory buffer reuse (`collate.reuse_buffers=false`), to show what it buys.
 
 The anchors: ImageFolder with PIL, ToTensor and Normalize (the classic pipeline), and a plain h5py
 Dataset that opens its file in ``__getitem__`` (the usual fix for "HDF5 breaks with workers"), given the
@@ -122,16 +123,17 @@ def make_row(name: str, tree: str, files: dict[str, str], cache: str):
         return ImageFolder(tree, transform=classic), None
     stack = train_stack()
     kind, _, variant = name.partition(" ")
+    fresh = variant.endswith(" fresh buffers")
+    variant = variant.removesuffix(" fresh buffers").strip("()")
+    collate = Uint8Collate(reuse_buffers=not fresh)
     if kind == "folder":
         return SampleDataset(
             FolderSource(tree, val_fraction=0, cache_dir=cache).split("train"), stack
-        ), Uint8Collate()
-    path = files[variant.strip("()")]
+        ), collate
+    path = files[variant]
     if kind == "hdf5":
-        return SampleDataset(
-            HDF5Source(path, val_fraction=0, cache_dir=cache).split("train"), stack
-        ), Uint8Collate()
-    return PlainH5(path, stack), Uint8Collate()
+        return SampleDataset(HDF5Source(path, val_fraction=0, cache_dir=cache).split("train"), stack), collate
+    return PlainH5(path, stack), collate
 
 
 ROWS = [
@@ -144,6 +146,8 @@ ROWS = [
     "h5py-plain (max_side=256)",
     "hdf5 (raw 256)",
     "h5py-plain (raw 256)",
+    "hdf5 (max_side=256) fresh buffers",
+    "hdf5 (raw 256) fresh buffers",
 ]
 
 
@@ -215,7 +219,7 @@ def main(argv=None) -> dict:
         if row == "folder" and "folder (1 process)" in median:
             share = median[row] / (args.workers * median["folder (1 process)"])
             checks.append((f">= 85% of {args.workers} x 1 process ({share:.0%})", share >= 0.85))
-        if row.startswith("hdf5"):
+        if row.startswith("hdf5") and "fresh" not in row:
             plain = "h5py-plain" + row[4:]
             if plain in median:
                 checks.append(

@@ -11,6 +11,7 @@ import pytest
 from bench import bench
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
+from transforms.collate import Uint8Collate
 
 # transforms=none keeps the real work tiny, so the stage made slow on purpose dominates even on a busy machine.
 QUICK = [
@@ -98,6 +99,7 @@ def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
         sys.executable,
         "bench.py",
         "source=folder",
+        "collate=default",  # its batches are copied into shared memory as they cross: an ipc stage
         f"source.root={tree}",
         "bench.workers=sweep",
         "bench.sweep_batches=3",
@@ -118,3 +120,16 @@ def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
     assert result["recommended_workers"] in range(result["cpus"] + 1)
     assert 0 <= result["model"]["idle_share"] <= 1 and result["model"]["step_s"] > 0
     assert result["breakdown"]["per_sample_s"]["ipc"] > 0  # the sweep runs workers: batches cross processes
+
+
+def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
+    from datamodules.samples import SampleDataset
+    from datasets.folder import FolderSource
+    from utils.loader_bench import stage_breakdown
+
+    tree = simple_tree(tmp_path / "tree", per_class=4)
+    dataset = SampleDataset(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c").split("train"), None)
+    indices = list(range(8))
+    reused = stage_breakdown(dataset, Uint8Collate(), indices, batch_size=4, workers=2)
+    fresh = stage_breakdown(dataset, Uint8Collate(reuse_buffers=False), indices, batch_size=4, workers=2)
+    assert reused["per_sample_s"]["ipc"] == 0 and fresh["per_sample_s"]["ipc"] > 0

@@ -93,3 +93,53 @@ def test_collates_pickle_for_spawn_workers():
     collate.on_device(collate(_images([(4, 4)] * 2)))  # builds the torchvision mixer
     for c in (DefaultCollate(), Uint8Collate(), PadCollate(), collate):
         assert type(pickle.loads(pickle.dumps(c))) is type(c)
+
+
+class _Numbered(torch.utils.data.Dataset):
+    """Image i is filled with i % 251, channels-last, so a batch can be checked against its labels."""
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        return torch.full((4, 4, 3), i % 251, dtype=torch.uint8).permute(2, 0, 1), i
+
+
+def _segments_and_check(collate, keep: bool, epochs: int = 3):
+    """Run 2 workers for ``epochs``; return how many distinct shared segments the batches came in,
+    the batch count, and whether every batch (including all kept ones, checked at the end) was intact."""
+    from torch.multiprocessing.reductions import fd_id
+
+    loader = torch.utils.data.DataLoader(
+        _Numbered(), batch_size=8, num_workers=2, collate_fn=collate, persistent_workers=True
+    )
+    segments, kept, count, intact = set(), [], 0, True
+    for _ in range(epochs):
+        for batch in loader:
+            assert type(batch) is Batch  # the pooled form never reaches the user
+            fd, _ = batch.image.untyped_storage()._share_fd_cpu_()
+            segments.add(fd_id(fd))
+            intact &= torch.equal(batch.image[:, 0, 0, 0], (batch.label % 251).to(torch.uint8))
+            count += 1
+            if keep:
+                kept.append(batch)
+    for batch in kept:
+        intact &= torch.equal(
+            batch.image[:, :, 1, 1], (batch.label % 251).to(torch.uint8)[:, None].expand(-1, 3)
+        )
+    return len(segments), count, intact
+
+
+def test_uint8_workers_reuse_a_segment_once_the_main_process_frees_it():
+    segments, batches, intact = _segments_and_check(Uint8Collate(), keep=False)
+    assert intact and batches == 36 and segments <= 2 * 8 and segments < batches / 2
+
+
+def test_uint8_workers_never_reuse_a_segment_that_is_still_held():
+    segments, batches, intact = _segments_and_check(Uint8Collate(), keep=True)
+    assert intact and segments == batches  # every kept batch kept its own memory
+
+
+def test_uint8_without_buffer_reuse_gives_every_batch_its_own_segment():
+    segments, batches, intact = _segments_and_check(Uint8Collate(reuse_buffers=False), keep=False)
+    assert intact and segments == batches

@@ -6,18 +6,15 @@ the transfer and the batch stack, where float work is cheap (mixup/cutmix lives 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate, get_worker_info
 from torchvision.transforms import v2
 
+from transforms.batch import Batch
+from transforms.batch_pool import BatchPool
 
-class Batch(NamedTuple):
-    image: torch.Tensor
-    label: torch.Tensor  # int64 class indices (N,), or float soft labels (N, classes) after mixup/cutmix
-    mask: torch.Tensor | None = None  # collate=pad: True where a sample has data, (N, H, W) or (N, L)
+__all__ = ["Batch", "DefaultCollate", "MixupCutmixCollate", "PadCollate", "Uint8Collate"]
 
 
 def _labels(samples) -> torch.Tensor:
@@ -56,9 +53,15 @@ def _is_channels_last(image: torch.Tensor) -> bool:
 
 
 class Uint8Collate:
-    """Stack uint8 images into one preallocated tensor (in shared memory inside a worker, so it crosses
-    the process boundary without a copy) that the loader can pin as it is. Samples laid out channels-last
-    (what the decoders and the uint8 crops produce) give a channels-last batch: each copy is one block."""
+    """Stack uint8 images into one preallocated tensor that the loader can pin as it is. In a worker the
+    tensor (and the labels) sit in one shared-memory segment that crosses to the main process uncopied,
+    and that the worker reuses once the main process has freed it (``reuse_buffers``, see
+    ``transforms.batch_pool``). Samples laid out channels-last (what the decoders and the uint8 crops
+    produce) give a channels-last batch: each copy is one block."""
+
+    def __init__(self, reuse_buffers: bool = True):
+        self.reuse_buffers = bool(reuse_buffers)
+        self._pool = BatchPool(slots=8 if reuse_buffers else 0)
 
     def __call__(self, samples) -> Batch:
         first = samples[0][0]
@@ -67,14 +70,19 @@ class Uint8Collate:
                 raise RuntimeError(
                     f"collate=uint8 got images of shapes {tuple(first.shape)} and {tuple(image.shape)}. {_SIZE_HINT}"
                 )
-        if _is_channels_last(first):
+        channels_last = _is_channels_last(first)
+        if channels_last:
             c, h, w = first.shape
-            out = _empty((len(samples), h, w, c), first.dtype).permute(0, 3, 1, 2)
+            shape = (len(samples), h, w, c)
         else:
-            out = _empty((len(samples), *first.shape), first.dtype)
+            shape = (len(samples), *first.shape)
+        out, label, finish = self._pool.batch(shape, first.dtype, len(samples))
+        if channels_last:
+            out = out.permute(0, 3, 1, 2)
         for k, (image, _) in enumerate(samples):
             out[k].copy_(image)
-        return Batch(out, _labels(samples))
+        label.copy_(_labels(samples))
+        return finish(Batch(out, label))
 
 
 class PadCollate:
@@ -141,7 +149,9 @@ class MixupCutmixCollate(Uint8Collate):
         prob: float = 1.0,
         switch_prob: float = 0.5,
         num_classes: int | None = None,
+        reuse_buffers: bool = True,
     ):
+        super().__init__(reuse_buffers)
         for key, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
             if value < 0:
                 raise ValueError(f"collate.{key}={value} must be >= 0 (0 turns it off)")
