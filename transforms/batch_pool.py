@@ -11,7 +11,8 @@ or numpy array uses it, so the finalizer runs only when the last of them is gone
 byte in a small shared flag array that the worker checks before reusing the slot. A batch that the user
 keeps holds its slot; when every slot is held, the worker allocates a fresh segment, as torch would.
 
-Labels share the image's segment (at its end), so a batch crosses as one segment rather than two.
+Labels share the image's segment (at its end), so a pooled batch crosses as one segment rather than two; the
+main process copies them out on arrival, so labels kept for later hold no segment.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class PooledBatch(Batch):
 
 def _received(fields, flags: torch.Tensor, slot: int) -> Batch:
     batch = Batch(*fields)
+    # The labels rode in the image's segment; a copy of their few bytes lets a caller keep labels
+    # (metrics often do) without keeping the whole segment, and its slot, alive.
+    batch = batch._replace(label=batch.label.clone())
     weakref.finalize(batch.image.untyped_storage(), _release, flags, slot)
     return batch
 
@@ -95,14 +99,18 @@ class BatchPool:
         for n in image_shape:
             numel *= n
         image_bytes = -(-numel * itemsize // _ALIGN) * _ALIGN
-        nbytes = image_bytes + 8 * labels
-        if not self.active:
-            storage = _shared(nbytes) if get_worker_info() is not None else torch.UntypedStorage(nbytes)
-            slot = None
+        storage, slot = self._take(image_bytes + 8 * labels) if self.active else (None, None)
+        if storage is not None:
+            image = _view(storage, 0, image_shape, dtype)
+            label = _view(storage, image_bytes, (labels,), torch.int64)
         else:
-            storage, slot = self._take(nbytes)
-        image = _view(storage, 0, image_shape, dtype)
-        label = _view(storage, image_bytes, (labels,), torch.int64)
+            in_worker = get_worker_info() is not None  # then shared already: no copy as it crosses
+            image = (
+                _view(_shared(numel * itemsize), 0, image_shape, dtype)
+                if in_worker
+                else torch.empty(image_shape, dtype=dtype)
+            )
+            label = torch.empty(labels, dtype=torch.int64)
 
         def finish(batch: Batch) -> Batch:
             if slot is None:
@@ -113,7 +121,7 @@ class BatchPool:
 
         return image, label, finish
 
-    def _take(self, nbytes: int) -> tuple[torch.UntypedStorage, int | None]:
+    def _take(self, nbytes: int) -> tuple[torch.UntypedStorage | None, int | None]:
         if self._pid != os.getpid():  # buffers inherited from another process are not this worker's
             self._reset()
         if self._flags is None:
@@ -129,7 +137,7 @@ class BatchPool:
             self._buffers.append(_shared(nbytes))
             flags[len(self._buffers) - 1] = 1
             return self._buffers[-1], len(self._buffers) - 1
-        return _shared(nbytes), None
+        return None, None  # every slot is held: a fresh segment, as torch would
 
 
 _IDENTITY = _storage_identity_holds()

@@ -73,20 +73,22 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
     shipped = workers > 0 and not getattr(collate, "reuse_buffers", False)
     seconds = dict.fromkeys(STAGES, 0.0)
     payload_bytes, samples = 0, []
-    for i in indices:
+    getitems = getattr(records, "getitems", None)
+    for chunk in _chunks(indices, batch_size):  # read as the loader does: a batch at a time where it can
         t0 = time.perf_counter()
-        payload, label = records[i]
-        t1 = time.perf_counter()
-        image = decode(payload, floor)
-        t2 = time.perf_counter()
-        if transform is not None:
-            image = transform(image)
-        t3 = time.perf_counter()
-        seconds["read"] += t1 - t0
-        seconds["decode"] += t2 - t1
-        seconds["transform"] += t3 - t2
-        payload_bytes += _nbytes(payload)
-        samples.append((image, label))
+        items = getitems(chunk) if getitems is not None else [records[i] for i in chunk]
+        seconds["read"] += time.perf_counter() - t0
+        for payload, label in items:
+            t1 = time.perf_counter()
+            image = decode(payload, floor)
+            t2 = time.perf_counter()
+            if transform is not None:
+                image = transform(image)
+            t3 = time.perf_counter()
+            seconds["decode"] += t2 - t1
+            seconds["transform"] += t3 - t2
+            payload_bytes += _nbytes(payload)
+            samples.append((image, label))
     for chunk in _chunks(samples, batch_size):
         t0 = time.perf_counter()
         batch = collate(chunk)
