@@ -1,6 +1,6 @@
 """Loader throughput: torchvision ImageFolder's classic pipeline against feedline's backends, one run.
 
-    python benchmarks/throughput.py [--images 5000] [--workers 2] [--repeat 3] [--json results.json]
+    python benchmarks/throughput.py [--images 5000] [--workers 2] [--repeat 5] [--json results.json]
 
 Data: an ImageNet-like tree of JPEGs (about 500x375, quality 75-95) cut from the two photos scikit-learn
 ships, made once under --data-dir, and its HDF5 conversions (encoded; encoded with max_side=256; raw 256).
@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rows", default=None, help="comma-separated subset of rows, by name")
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
     parser.add_argument("--json", default=None)
