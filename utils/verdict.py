@@ -47,6 +47,7 @@ def diagnose(
     reasons = [
         f"{stage} takes {share[stage]:.0%} of a sample's time"
         for stage in sorted(share, key=share.get, reverse=True)
+        if share[stage] > 0  # ipc is 0 without workers, or with a collate that reuses its buffers
     ]
     capacity = max(1, min(workers, cpus)) / breakdown["end_to_end_s"] if breakdown["end_to_end_s"] else 0.0
     efficiency = rate / capacity if capacity else 1.0
