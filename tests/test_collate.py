@@ -145,3 +145,21 @@ def test_uint8_workers_never_reuse_a_segment_that_is_still_held():
 def test_uint8_without_buffer_reuse_gives_every_batch_its_own_segment():
     segments, batches, intact = _segments_and_check(Uint8Collate(reuse_buffers=False), keep=False)
     assert intact and segments == batches
+
+
+def test_a_pooled_batch_changed_in_the_worker_still_crosses_intact():
+    """A collate that wraps collate=uint8 and edits the batch (``_replace``) in the worker: the batch
+    arrives whole, as a plain Batch; only its segment is not reused."""
+
+    class Relabel(Uint8Collate):
+        def __call__(self, samples):
+            batch = super().__call__(samples)
+            return batch._replace(label=batch.label + 1000)
+
+    loader = torch.utils.data.DataLoader(_Numbered(), batch_size=8, num_workers=2, collate_fn=Relabel())
+    seen = []
+    for batch in loader:
+        assert type(batch) is Batch
+        assert torch.equal(batch.image[:, 0, 0, 0], ((batch.label - 1000) % 251).to(torch.uint8))
+        seen += batch.label.tolist()
+    assert sorted(seen) == [i + 1000 for i in range(96)]

@@ -49,6 +49,8 @@ class PooledBatch(Batch):
     frees it. It behaves as a ``Batch``; unpickled in the main process it becomes a plain ``Batch``."""
 
     def __reduce__(self):
+        if not hasattr(self, "_flags"):  # made by _replace/_make: its slot stays taken, the data is safe
+            return Batch, tuple(self)
         return _received, (tuple(self), self._flags, self._slot)
 
 
