@@ -111,7 +111,7 @@ def _segments_and_check(collate, keep: bool, epochs: int = 3):
     from torch.multiprocessing.reductions import fd_id
 
     loader = torch.utils.data.DataLoader(
-        _Numbered(), batch_size=8, num_workers=2, collate_fn=collate, persistent_workers=True
+        _Numbered(), batch_size=8, num_workers=2, collate_fn=collate, persistent_workers=True, timeout=30
     )
     segments, kept, count, intact = set(), [], 0, True
     for _ in range(epochs):
@@ -156,7 +156,10 @@ def test_a_pooled_batch_changed_in_the_worker_still_crosses_intact():
             batch = super().__call__(samples)
             return batch._replace(label=batch.label + 1000)
 
-    loader = torch.utils.data.DataLoader(_Numbered(), batch_size=8, num_workers=2, collate_fn=Relabel())
+    # timeout: a batch that cannot be pickled is lost in the worker's queue thread, and the loader would wait
+    loader = torch.utils.data.DataLoader(
+        _Numbered(), batch_size=8, num_workers=2, collate_fn=Relabel(), timeout=30
+    )
     seen = []
     for batch in loader:
         assert type(batch) is Batch
