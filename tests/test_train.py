@@ -36,3 +36,20 @@ def test_default_run_learns_the_digits(make_cfg, tmp_path):
     with open(tmp_path / "out" / "summary.json") as f:
         assert json.load(f)["val_acc"] == summary["val_acc"]
     assert os.path.exists(tmp_path / "out" / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_reused_batch_buffers_train_exactly_like_fresh_ones(make_cfg, tmp_path):
+    """Two workers, collate=uint8, one epoch of the digits: with buffer reuse on and off the model sees the
+    same bytes, so loss and accuracy agree exactly."""
+    results = []
+    for reuse in ("true", "false"):
+        cfg = make_cfg(
+            "trainer.max_epochs=1",
+            "data.num_workers=2",
+            f"collate.reuse_buffers={reuse}",
+            f"paths.output_dir={tmp_path / reuse}",
+        )
+        summary = train(cfg)
+        results.append((summary["metrics"]["train/loss"], summary["val_acc"]))
+    assert results[0] == results[1]
