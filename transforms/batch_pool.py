@@ -35,13 +35,28 @@ def _storage_identity_holds() -> bool:
 
 
 def _view(storage: torch.UntypedStorage, offset: int, shape: tuple[int, ...], dtype: torch.dtype):
-    size = torch.Size(shape)
+    """A contiguous ``shape`` tensor over ``storage`` from byte ``offset``."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return torch.empty(0, dtype=dtype).set_(storage, offset // itemsize, size)
+    return torch.empty(0, dtype=dtype).set_(storage, offset // itemsize, torch.Size(shape))
 
 
 def _shared(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(max(nbytes, 1))
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor, in a fresh shared-memory segment inside a worker, so it crosses to the main
+    process without torch copying it there."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    return _view(_shared(_nbytes(shape, dtype)), 0, shape, dtype)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    numel = 1
+    for n in shape:
+        numel *= n
+    return numel * torch.empty(0, dtype=dtype).element_size()
 
 
 class PooledBatch(Batch):
@@ -96,23 +111,13 @@ class BatchPool:
     def batch(self, image_shape: tuple[int, ...], dtype: torch.dtype, labels: int):
         """(image tensor, int64 label tensor, finish) where ``finish(Batch) -> Batch`` ties the batch to
         its slot. The image is contiguous in ``image_shape``."""
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        numel = 1
-        for n in image_shape:
-            numel *= n
-        image_bytes = -(-numel * itemsize // _ALIGN) * _ALIGN
+        image_bytes = -(-_nbytes(image_shape, dtype) // _ALIGN) * _ALIGN
         storage, slot = self._take(image_bytes + 8 * labels) if self.active else (None, None)
         if storage is not None:
             image = _view(storage, 0, image_shape, dtype)
             label = _view(storage, image_bytes, (labels,), torch.int64)
         else:
-            in_worker = get_worker_info() is not None  # then shared already: no copy as it crosses
-            image = (
-                _view(_shared(numel * itemsize), 0, image_shape, dtype)
-                if in_worker
-                else torch.empty(image_shape, dtype=dtype)
-            )
-            label = torch.empty(labels, dtype=torch.int64)
+            image, label = empty(image_shape, dtype), torch.empty(labels, dtype=torch.int64)
 
         def finish(batch: Batch) -> Batch:
             if slot is None:

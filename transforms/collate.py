@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
 from torchvision.transforms import v2
 
 from transforms.batch import Batch
-from transforms.batch_pool import BatchPool
+from transforms.batch_pool import BatchPool, empty
 
 __all__ = ["Batch", "DefaultCollate", "MixupCutmixCollate", "PadCollate", "Uint8Collate"]
 
@@ -35,17 +35,6 @@ class DefaultCollate:
         except RuntimeError as err:
             raise RuntimeError(f"{err}. {_SIZE_HINT}") from err
         return Batch(image, label)
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous tensor, in shared memory inside a worker so it crosses to the main process uncopied."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    storage = torch.UntypedStorage._new_shared(numel * torch.empty(0, dtype=dtype).element_size())
-    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
 def _is_channels_last(image: torch.Tensor) -> bool:
@@ -125,7 +114,7 @@ class PadCollate:
             )
         height = self._round(max(x.shape[1] for x in items))
         width = self._round(max(x.shape[2] for x in items))
-        out = _empty((len(items), items[0].shape[0], height, width), items[0].dtype)
+        out = empty((len(items), items[0].shape[0], height, width), items[0].dtype)
         out.fill_(self.pad_value)
         mask = torch.zeros((len(items), height, width), dtype=torch.bool)
         for k, x in enumerate(items):

@@ -65,9 +65,9 @@ def ship(batch) -> None:
 def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, workers: int = 0) -> dict:
     """Time each stage, in this process, on ``indices``: read (the source), decode, the per-sample
     transforms, collate and, when there are workers, ipc (moving the batch into a fresh shared-memory
-    segment, as torch does for a batch not already in one; none for a collate that reuses its own
-    shared buffers, such as collate=uint8); then the same items end to end. Returns seconds per sample for each stage, their shares, the
-    end-to-end time and the payload size."""
+    segment, as torch does for a batch not already in one; none for a collate that reuses its own shared
+    buffers, such as collate=uint8); then the same items end to end. Returns seconds per sample for each
+    stage, their shares, the end-to-end time and the payload size."""
     records, transform, floor = dataset.records, dataset.transform, dataset.floor
     # A collate that reuses shared-memory buffers writes each batch where it crosses: nothing to ship.
     shipped = workers > 0 and not getattr(collate, "reuse_buffers", False)
