@@ -185,14 +185,18 @@ def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
     seconds = (time.time_ns() - started) / 1e9
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=_ensure_dir(dest.parent)))
     try:
-        _write(tmp, root, extensions, scan, started, seconds)
-        _publish(tmp, dest, started)
+        meta = _write(tmp, root, extensions, scan, started, seconds)
+        # Mapped before it is published: the maps hold the files themselves, so they stay valid even if a
+        # concurrent builder later replaces the directory (reading it lazily from dest would race that).
+        ours = FolderIndex(tmp, meta)
+        _ = ours.arrays, ours.dirs()
+        index = _publish(tmp, dest, started, ours)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info(
         "indexed %d files in %d classes under %s in %.2fs", scan.num_files, len(scan.classes), root, seconds
     )
-    return FolderIndex(dest)
+    return index
 
 
 def _ensure_dir(path: Path) -> Path:
@@ -218,7 +222,7 @@ def _check_not_empty(root: str, scan: TreeScan, extensions) -> None:
         )
 
 
-def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, seconds: float) -> None:
+def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, seconds: float) -> dict:
     # Every path is stored NUL-terminated (NUL cannot occur in a file name), so numpy finds the
     # offsets in one pass and no per-file work happens in Python.
     paths = np.frombuffer(b"".join(s.paths for s in scan.scans), dtype=np.uint8)
@@ -243,21 +247,24 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
         "symlink_loops": scan.loops,
     }
     (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")  # last
+    return meta
 
 
-def _publish(tmp: Path, dest: Path, started: int) -> None:
-    """Rename ``tmp`` to ``dest``. If another builder got there first with an index at least as new, keep
-    theirs; an older or broken one is moved aside first (open memory maps of it stay valid)."""
+def _publish(tmp: Path, dest: Path, started: int, ours: FolderIndex) -> FolderIndex:
+    """Rename ``tmp`` to ``dest`` and return ``ours`` (already mapped) under its new name. If another
+    builder got there first with an index at least as new, keep theirs and return it (``_check`` maps it);
+    an older or broken one is moved aside first (open memory maps of it stay valid)."""
     for _ in range(5):
         try:
             os.rename(tmp, dest)
-            return
+            ours.directory = str(dest)
+            return ours
         except OSError:
             if not dest.exists():
                 continue
         theirs, reason = _check(dest)
         if reason is None and theirs.meta["scan_started_ns"] >= started:
-            return
+            return theirs
         aside = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.time_ns()}")
         try:
             os.rename(dest, aside)

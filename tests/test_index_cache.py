@@ -107,6 +107,16 @@ def test_concurrent_builders_both_end_with_the_same_valid_index(tmp_path):
     assert [p for p in os.listdir(d.parent) if p.startswith(".")] == []  # no temporary leftovers
 
 
+def test_a_built_index_stays_readable_when_a_newer_build_replaces_its_directory(tmp_path, tree):
+    """What a concurrent builder does after this one published: move the directory aside and delete it."""
+    import shutil
+
+    d = index_dir(tree, index_module.IMG_EXTENSIONS, tmp_path / "cache")
+    index = index_module.build(tree, index_module.IMG_EXTENSIONS, d)
+    shutil.rmtree(d)
+    assert len(_samples(index)) == 18 and index.dirs()
+
+
 def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
     root = make_tree(tmp_path / "t", {"a": ["1.png", "sub/2.png"], "b": ["3.png"]})
     os.symlink(os.path.join(root, "a"), os.path.join(root, "a", "sub", "back"))
