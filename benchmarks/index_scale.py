@@ -136,8 +136,25 @@ class Lookup:
 
 def _record_worker(worker_id: int) -> None:
     path = os.path.join(os.environ["FEEDLINE_BENCH_WORKERS"], f"{os.getpid()}")
-    with open(path, "w") as f:
+    with open(path + ".partial", "w") as f:
         f.write(str(_private_dirty(os.getpid())))
+    os.replace(path + ".partial", path)  # the main process never reads a half-written figure
+
+
+def _worker_baselines(directory: str, workers: int, timeout: float = 60.0) -> dict[int, int]:
+    """Each worker's Private_Dirty at start-up, by pid. A small epoch can end before a worker that got no
+    batch has finished starting, so wait for every worker's record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        names = [n for n in os.listdir(directory) if not n.endswith(".partial")]
+        if len(names) >= workers or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    baselines = {}
+    for name in names:
+        with open(os.path.join(directory, name)) as f:
+            baselines[int(name)] = int(f.read())
+    return baselines
 
 
 def measure_workers(kind: str, root: str, cache_dir: str, workers: int = 2) -> dict:
@@ -156,10 +173,7 @@ def measure_workers(kind: str, root: str, cache_dir: str, workers: int = 2) -> d
             multiprocessing_context="fork",
         )
         seen = sum(len(batch) for batch in loader)
-        growth = []
-        for name in os.listdir(tmp):
-            with open(os.path.join(tmp, name)) as f:
-                growth.append(_private_dirty(int(name)) - int(f.read()))
+        growth = [_private_dirty(pid) - start for pid, start in _worker_baselines(tmp, workers).items()]
         del loader
     return {"growth_per_worker": max(growth), "growth": growth, "seen": seen}
 
@@ -199,7 +213,11 @@ def run(fn, *args) -> dict:
             break
         except queues.Empty:
             if not child.is_alive():
-                raise RuntimeError(f"{fn.__name__}{args} died with exit code {child.exitcode}") from None
+                try:  # it may have put its result and exited while we waited: take it if so
+                    status, value = results.get(timeout=5)
+                    break
+                except queues.Empty:
+                    raise RuntimeError(f"{fn.__name__}{args} died with exit code {child.exitcode}") from None
     child.join()
     if status == "error":
         raise RuntimeError(f"{fn.__name__}{args} failed in its process:\n{value}")

@@ -23,10 +23,9 @@ def run_benchmark(script: str, tmp_path, *args: str) -> tuple[str, dict]:
         "--json",
         str(out),
     ]
-    printed = subprocess.run(
-        cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True, timeout=600
-    ).stdout
-    return printed, json.loads(out.read_text())
+    done = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr[-4000:]}"
+    return done.stdout, json.loads(out.read_text())
 
 
 @pytest.mark.slow
