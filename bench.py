@@ -17,13 +17,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-import utils.config  # noqa: F401 - registers the structured-config schemas
-from datasets.scan import available_cpus
-from utils.bench_report import print_report
-from utils.instantiate import instantiate
-from utils.loader_bench import measure_loader, model_step, stage_breakdown
-from utils.results import write_json
-from utils.verdict import diagnose, recommend_workers
+from feedline.cli.instantiate import instantiate
+from feedline.datasets.scan import available_cpus
+from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
+from feedline.diagnostics.report import print_report
+from feedline.diagnostics.results import write_json
+from feedline.diagnostics.verdict import diagnose, recommend_workers
 
 log = logging.getLogger("feedline")
 

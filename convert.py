@@ -12,22 +12,19 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-import utils.config  # noqa: F401 - registers the structured-config schemas
-from datasets.hdf5_write import Options, convert_source
-from utils.instantiate import instantiate
+from feedline.cli.instantiate import instantiate
 
 log = logging.getLogger("feedline")
 
 
 def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
-    out = OmegaConf.to_container(cfg.out, resolve=True, throw_on_missing=True)
-    out.pop("_target_", None)
-    path = out.pop("path")
-    options = Options(**out)
+    from feedline.writers.hdf5 import convert_source
+
+    options = OmegaConf.to_object(cfg.out)  # an HDF5WriteOptions: the schema conf/convert.yaml extends
     options.check()
     source = instantiate(cfg.source, "source")
-    summary = convert_source(source, path, options)
+    summary = convert_source(source, options)
     log.info(
         "converted %d images into %s: %.1f MB, %d skipped, %.1f s (%.0f images/s)%s",
         summary["images"],

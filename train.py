@@ -18,9 +18,8 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-import utils.config  # noqa: F401 - registers the structured-config schemas
-from utils.instantiate import instantiate, instantiate_all
-from utils.throughput import ThroughputMonitor
+from feedline.callbacks.throughput import ThroughputMonitor
+from feedline.cli.instantiate import instantiate, instantiate_all
 
 log = logging.getLogger("feedline")
 

@@ -16,14 +16,12 @@ import argparse
 import multiprocessing as mp
 import os
 import pickle
-import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from report import write_json  # noqa: E402 - benchmarks/ is on sys.path when a benchmark runs
+from feedline.diagnostics.results import write_json  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -72,9 +70,9 @@ def _dataset(kind: str, root: str, cache_dir: str, refresh: str = "auto"):
         from torchvision.datasets import ImageFolder
 
         return ImageFolder(root)
-    from datamodules.samples import SampleDataset
-    from datasets.folder import FolderSource
-    from datasets.lazy_folder import LazyFolderSource
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.lazy_folder import LazyFolderSource
 
     if kind == "folder":
         source = FolderSource(root, val_fraction=0, cache_dir=cache_dir, refresh=refresh)
@@ -89,9 +87,9 @@ def _imports() -> None:
     """Imports are not part of any timing."""
     import torchvision.datasets  # noqa: F401
 
-    import datamodules.samples  # noqa: F401
-    import datasets.folder  # noqa: F401
-    import datasets.lazy_folder  # noqa: F401
+    import feedline.datamodules.samples  # noqa: F401
+    import feedline.datasets.folder  # noqa: F401
+    import feedline.datasets.lazy_folder  # noqa: F401
 
 
 def measure_build(kind: str, root: str, cache_dir: str) -> dict:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
-from report import write_json  # noqa: E402 - benchmarks/ is on sys.path when a benchmark runs
+
+from feedline.diagnostics.results import write_json  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -51,8 +50,8 @@ def rows(tree: str, cache: str) -> dict:
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import v2
 
-    from datamodules.samples import SampleDataset
-    from datasets.folder import FolderSource
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.folder import FolderSource
 
     records = FolderSource(tree, val_fraction=0, cache_dir=cache).split("train")
     stack = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])

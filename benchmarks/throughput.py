@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from report import write_json  # noqa: E402 - benchmarks/ is on sys.path when a benchmark runs
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from feedline.diagnostics.results import write_json  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -63,13 +62,14 @@ def ensure_jpeg_tree(data_dir: str, images: int, classes: int = 10) -> str:
 
 
 def ensure_hdf5(root: str, name: str, **options) -> str:
-    from datasets.folder import FolderSource
-    from datasets.hdf5_write import Options, convert
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.hdf5 import convert
+    from feedline.writers.options import HDF5WriteOptions
 
     path = os.path.join(os.path.dirname(root), f"{os.path.basename(root)}-{name}.h5")
     if not os.path.exists(path):
         source = FolderSource(root, val_fraction=0, cache_dir=os.path.join(os.path.dirname(root), "cache"))
-        convert(source.split("train"), source.classes, path, Options(**options))
+        convert(source.split("train"), source.classes, HDF5WriteOptions(path=path, **options))
     return path
 
 
@@ -98,7 +98,7 @@ class PlainH5(Dataset):
     def __getitem__(self, i):
         import h5py
 
-        from transforms.decode import decode
+        from feedline.transforms.decode import decode
 
         with h5py.File(self.path, "r") as f:
             data, label = f["images"][i], int(f["labels"][i])
@@ -108,10 +108,10 @@ class PlainH5(Dataset):
 
 def make_row(name: str, tree: str, files: dict[str, str], cache: str):
     """(dataset, collate) for one row."""
-    from datamodules.samples import SampleDataset
-    from datasets.folder import FolderSource
-    from datasets.hdf5 import HDF5Source
-    from transforms.collate import Uint8Collate
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.transforms.collate import Uint8Collate
 
     if name == "ImageFolder (PIL classic)":
         from torchvision import transforms as T

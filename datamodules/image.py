@@ -16,30 +16,35 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
-from datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
-from datamodules.samples import SampleDataset, parse_on_bad_sample
-from transforms.collate import Batch, DefaultCollate
-from transforms.stacks import TransformStacks
+from feedline.datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
+from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
+from feedline.datamodules.samples import SampleDataset
+from feedline.transforms.collate import Batch, DefaultCollate
+from feedline.transforms.stacks import TransformStacks
 
 log = logging.getLogger(__name__)
 
+_DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed schema
+
 
 class ImageDataModule(L.LightningDataModule):
+    """``source`` + ``transforms`` + ``collate`` and the loader knobs (``data.*``, see DataConfig)."""
+
     def __init__(
         self,
         source,
         transforms: TransformStacks | None = None,
         collate=None,
-        batch_size: int = 64,
-        global_batch_size: int | None = None,
-        num_workers="auto",
-        pin_memory="auto",
-        persistent_workers: bool = True,
-        prefetch_factor: int | None = 2,
-        on_bad_sample="skip",
-        multiprocessing_context: str | None = None,
-        drop_last: bool = False,
-        reduced_decode: bool = True,
+        batch_size: int = _DEFAULTS.batch_size,
+        global_batch_size: int | None = _DEFAULTS.global_batch_size,
+        num_workers: int | str = _DEFAULTS.num_workers,
+        pin_memory: bool | str = _DEFAULTS.pin_memory,
+        persistent_workers: bool = _DEFAULTS.persistent_workers,
+        prefetch_factor: int | None = _DEFAULTS.prefetch_factor,
+        on_bad_sample: str | OnBadSample = _DEFAULTS.on_bad_sample,
+        multiprocessing_context: str | None = _DEFAULTS.multiprocessing_context,
+        drop_last: bool = _DEFAULTS.drop_last,
+        reduced_decode: bool = _DEFAULTS.reduced_decode,
     ):
         super().__init__()
         self.source = source
@@ -67,15 +72,15 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.classes)
 
-    def _bind_collate(self) -> None:
-        if getattr(self.collate, "num_classes", 0) is None:
-            self.collate.num_classes = self.num_classes  # mixup/cutmix: soft labels need the class count
+    def _bind_mix(self) -> None:
+        if getattr(self.transforms.mix, "num_classes", 0) is None:
+            self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
 
     def prepare_data(self) -> None:
         self.source.prepare()
 
     def setup(self, stage: str | None = None) -> None:
-        self._bind_collate()
+        self._bind_mix()
         wanted = {"fit": ("train", "val"), "validate": ("val",)}.get(stage or "fit", ("train", "val"))
         for split in wanted:
             if split not in self.datasets:
@@ -99,11 +104,10 @@ class ImageDataModule(L.LightningDataModule):
 
     def device_batch(self, batch: Batch, training: bool) -> Batch:
         """What happens to a batch once it is on the device: the batch stack (uint8 -> float, normalise),
-        then, for training batches, the collate's batch-level augmentation (mixup/cutmix)."""
-        if self.transforms.batch is not None:
-            batch = batch._replace(image=self.transforms.batch(batch.image))
-        on_device = getattr(self.collate, "on_device", None)
-        return on_device(batch) if on_device is not None and training else batch
+        then, for training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix)."""
+        self._bind_mix()
+        image, label = self.transforms.on_device(batch.image, batch.label, training)
+        return batch._replace(image=image, label=label)
 
     # -- knobs resolved against the trainer -------------------------------------------------------
     def _world(self) -> tuple[int, int, int, bool]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datasets.scan import available_cpus
+from feedline.datasets.scan import available_cpus
 
 
 def resolve_num_workers(value, devices_per_node: int = 1) -> int:

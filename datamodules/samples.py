@@ -1,32 +1,22 @@
-"""SampleDataset: record -> decoded uint8 image -> per-sample transforms, with the bad-sample policy."""
+"""SampleDataset: the per-sample pipeline, built once. record -> decoded uint8 image -> per-sample transforms,
+with the bad-sample policy. Its stages (``read_many``, ``decode``, ``augment``) are what the datamodule's
+loaders run and what ``bench.py`` times one by one."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from enum import Enum
 
 from torch.utils.data import Dataset
 
-from transforms.decode import DecodeError, decode
-from transforms.reduce import minimum_size
+from feedline.datamodules.options import OnBadSample, parse_on_bad_sample
+from feedline.transforms.decode import DecodeError, decode
+from feedline.transforms.reduce import minimum_size
 
 log = logging.getLogger(__name__)
 
 # How many following samples a skipped one may be replaced by before the run is stopped.
 MAX_SUBSTITUTES = 16
-
-
-# Functional form, because `raise` cannot be a class attribute; the typed `data` config uses this enum,
-# so `data.on_bad_sample=ignore` fails at composition with the valid names listed.
-OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
-
-
-def parse_on_bad_sample(value) -> OnBadSample:
-    try:
-        return OnBadSample(getattr(value, "value", value))
-    except ValueError:
-        raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise") from None
 
 
 class BadSampleError(RuntimeError):
@@ -65,19 +55,33 @@ class SampleDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    # -- the stages -------------------------------------------------------------------------------
+    def read_many(self, indices: list[int]) -> list:
+        """(payload, label) per index, as the source reads them fastest: one ``getitems`` call for sources
+        that read in bulk (HDF5), else one read each."""
+        getitems = getattr(self.records, "getitems", None)
+        return getitems(indices) if getitems is not None else [self.records[i] for i in indices]
+
+    def decode(self, payload):
+        """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it."""
+        return decode(payload, self.floor)
+
+    def augment(self, image):
+        """The per-sample transform stack."""
+        return self.transform(image) if self.transform is not None else image
+
+    # -- the pipeline -----------------------------------------------------------------------------
     def _decode(self, i: int):
         payload, label = self.records[i]
-        return decode(payload, self.floor), label
+        return self.decode(payload), label
 
     def __getitem__(self, i: int):
         return self._finish(i, None)
 
     def __getitems__(self, indices: list[int]) -> list:
-        """A whole batch: sources that read faster in bulk (HDF5) get one ``getitems`` call."""
-        if not hasattr(self.records, "getitems"):
-            return [self._finish(i, None) for i in indices]
+        """A whole batch, read as the source reads fastest (``read_many``)."""
         try:
-            records = self.records.getitems(indices)
+            records = self.read_many(indices)
         except (OSError, DecodeError):  # fall back to one by one: the bad sample gets named there
             return [self._finish(i, None) for i in indices]
         return [self._finish(i, record) for i, record in zip(indices, records)]
@@ -87,7 +91,7 @@ class SampleDataset(Dataset):
             if record is None:
                 image, label = self._decode(i)
             else:
-                image, label = decode(record[0], self.floor), record[1]
+                image, label = self.decode(record[0]), record[1]
         except (OSError, DecodeError) as err:
             path = self.records.describe(i)
             if self.on_bad_sample is OnBadSample["raise"]:
@@ -96,9 +100,7 @@ class SampleDataset(Dataset):
                 ) from err
             log.warning("skipping bad sample %s: %s", path, err)
             image, label = self._substitute(i, path)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
+        return self.augment(image), label
 
     def _substitute(self, i: int, path: str):
         n = len(self)

@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from datasets.folder import FolderSource
+from feedline.datasets.folder import FolderSource
 
 CLASSES = [str(d) for d in range(10)]
 

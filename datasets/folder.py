@@ -11,45 +11,42 @@ import os
 
 import numpy as np
 
-from datasets.index import FolderIndex, PackedIndex, check_refresh, open_index
-from datasets.records import LazyArray, read_bytes, require_dir
-from datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
-from datasets.splits import cached_split, check_fraction
+from feedline.datasets.cache import check_refresh
+from feedline.datasets.index import FolderIndex, PackedIndex, open_index
+from feedline.datasets.records import Records, read_bytes, require_dir
+from feedline.datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
+from feedline.datasets.splits import check_fraction, check_split, subset_for
 
-SPLITS = ("train", "val", "all")  # all: every sample of root, in index order (what conversions read)
 
-
-class FolderRecords:
+class FolderRecords(Records):
     """One split of a folder index: index arrays and the root, never a list of samples."""
 
-    def __init__(self, index: PackedIndex, root: str, subset: LazyArray | None = None, label_map=None):
+    def __init__(self, index: PackedIndex, root: str, subset=None, label_map=None):
+        super().__init__(subset)
         self.index = PackedIndex(index.directory)  # arrays only: the metadata stays in the main process
         self.root = root
-        self.subset = subset
         self.label_map = tuple(label_map) if label_map is not None else None
 
-    def __len__(self) -> int:
-        return len(self.subset.array) if self.subset is not None else len(self.index)
+    @property
+    def total(self) -> int:
+        return len(self.index)
 
-    def _position(self, i: int) -> int:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"sample {i} out of range for {len(self)} samples")
-        return int(self.subset.array[i]) if self.subset is not None else i % len(self.index)
-
-    def locate(self, i: int) -> tuple[str, int]:
-        """The sample's path and label, without reading it."""
-        j = self._position(i)
-        label = self.index.label(j)
+    def path_and_label(self, row: int) -> tuple[str, int]:
+        label = self.index.label(row)
         if self.label_map is not None:
             label = self.label_map[label]
-        return os.path.join(self.root, self.index.relpath(j)), label
+        return os.path.join(self.root, self.index.relpath(row)), label
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        path, label = self.locate(i)
+    def locate(self, i: int) -> tuple[str, int]:
+        """Sample ``i``'s path and label, without reading it."""
+        return self.path_and_label(self.row(i))
+
+    def read(self, row: int) -> tuple[np.ndarray, int]:
+        path, label = self.path_and_label(row)
         return read_bytes(path), label
 
-    def describe(self, i: int) -> str:
-        return self.locate(i)[0]
+    def where(self, row: int) -> str:
+        return self.path_and_label(row)[0]
 
 
 class FolderSource:
@@ -110,15 +107,11 @@ class FolderSource:
         return self._indexes[path]
 
     def split(self, name: str) -> FolderRecords:
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; sources have {', '.join(SPLITS)}")
         index = self._index(self.root, "source.root")
-        if name == "val" and self.val_root:
+        if check_split(name) == "val" and self.val_root:
             return self._val_root_records(index)
-        if name == "all" or (name == "train" and not self.val_fraction):
-            return FolderRecords(index, self.root)
-        path = cached_split(index.directory, index.counts, self.val_fraction, self.seed, name)
-        return FolderRecords(index, self.root, subset=LazyArray(path))
+        subset = subset_for(name, index.counts, self.val_fraction, self.seed, index.directory)
+        return FolderRecords(index, self.root, subset)
 
     def _val_root_records(self, train: FolderIndex) -> FolderRecords:
         val = self._index(self.val_root, "source.val_root")

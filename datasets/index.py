@@ -12,56 +12,39 @@ A build writes into a temporary directory beside the final one and renames it in
 never see half an index and concurrent builders both end with a valid one. Readers map the arrays with
 numpy (``mmap_mode="r"``): every rank and DataLoader worker shares the same page-cache pages.
 
-    python -m datasets.index ROOT [--cache-dir D] [--list]
+``feedline-index ROOT`` (``feedline.cli.index``) builds or shows the index of one tree.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from datasets.records import require_dir
-from datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree, stale_dirs
+from feedline.datasets.cache import cache_path, check_refresh, stale_dirs
+from feedline.datasets.records import require_dir
+from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2
-REFRESH_MODES = ("auto", "always", "never")
 # Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
 # window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
 RACY_WINDOW_NS = 50_000_000
 _ARRAYS = ("paths", "offsets", "labels")
 
 
-def check_refresh(value) -> str:
-    """``source.refresh`` as one of REFRESH_MODES, or an error naming the key."""
-    if str(value) not in REFRESH_MODES:
-        raise ValueError(f"source.refresh={value!r} is not one of: {', '.join(REFRESH_MODES)}")
-    return str(value)
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("FEEDLINE_CACHE_DIR") or os.path.join("~", ".cache", "feedline")
-
-
-def index_dir(root: str, extensions, cache_dir: str | None, kind: str = "folder-index") -> Path:
-    """Where the cache of ``root`` lives: one directory per (kind, absolute root, extensions)."""
+def index_dir(root: str, extensions, cache_dir: str | None) -> Path:
+    """Where the index of ``root`` lives: one directory per (absolute root, extensions)."""
     root = os.path.abspath(os.path.expanduser(root))
-    key = json.dumps([root, sorted(normalize_extensions(extensions))])
-    digest = hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    base = Path(os.path.expanduser(cache_dir or default_cache_dir())) / kind
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(root) or "root")
-    return base / f"{name[:40]}-{digest}"
+    key = [root, sorted(normalize_extensions(extensions))]
+    return cache_path("folder-index", os.path.basename(root), key, cache_dir)
 
 
 class PackedIndex:
@@ -296,42 +279,3 @@ def open_index(
         elif reason != "missing":
             log.warning("index cache %s is unusable (%s); rebuilding it", dest, reason)
     return build(root, extensions, dest, workers)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datasets.index", description=__doc__.split("\n")[0])
-    parser.add_argument("root", help="class-folder tree: ROOT/<class>/**/<image>")
-    parser.add_argument("--cache-dir", default=None, help="default: $FEEDLINE_CACHE_DIR or ~/.cache/feedline")
-    parser.add_argument("--extensions", nargs="+", default=list(IMG_EXTENSIONS))
-    parser.add_argument("--refresh", choices=REFRESH_MODES, default="auto")
-    parser.add_argument(
-        "--workers",
-        default="auto",
-        help="scan workers (auto: 16 threads on network filesystems, else a process per CPU)",
-    )
-    parser.add_argument("--list", action="store_true", help="print 'relative/path<TAB>label' per sample")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        index = open_index(
-            args.root, args.extensions, args.cache_dir, args.refresh, key="ROOT", workers=args.workers
-        )
-    except FileNotFoundError as err:
-        parser.exit(2, f"error: {err}\n")
-    out = sys.stdout
-    if args.list:
-        for i in range(len(index)):
-            out.write(f"{index.relpath(i)}\t{index.label(i)}\n")
-        return 0
-    out.write(f"root:    {index.root}\n")
-    out.write(f"classes: {len(index.classes)}\n")
-    out.write(f"samples: {len(index)}\n")
-    out.write(f"cache:   {index.directory}\n")
-    width = max(len(c) for c in index.classes)
-    for label, (name, count) in enumerate(zip(index.classes, index.counts)):
-        out.write(f"  {label:>5}  {name:<{width}}  {count}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -46,6 +46,52 @@ def read_bytes(path: str) -> np.ndarray:
     return np.frombuffer(buffer, dtype=np.uint8)
 
 
+class Records:
+    """What every split of every source shares: an optional ``subset`` of the source's rows (a split's
+    index array), bounds checks, and naming a sample for error messages.
+
+    A format implements ``total`` (the rows it holds), ``read(row) -> (payload, label)`` and
+    ``where(row) -> str``; ``records[i]`` and ``describe(i)`` go through the subset.
+    """
+
+    def __init__(self, subset=None):
+        self.subset = subset  # LazyArray or InMemoryArray of rows; None: every row, in order
+
+    @property
+    def total(self) -> int:
+        raise NotImplementedError
+
+    def read(self, row: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def where(self, row: int) -> str:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.subset.array) if self.subset is not None else self.total
+
+    def row(self, i: int) -> int:
+        """The source row of sample ``i`` of this split."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        return int(self.subset.array[i]) if self.subset is not None else i % self.total
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.read(self.row(i))
+
+    def describe(self, i: int) -> str:
+        return self.where(self.row(i))
+
+
+class InMemoryArray:
+    """A split's rows held in memory (a source read without a cache); the same interface as LazyArray."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
 class LazyArray:
     """A ``.npy`` file mapped on first use; pickles as its path."""
 

@@ -270,8 +270,9 @@ def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
     return TreeScan(classes, scans, dirs, loops)
 
 
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_WORKER = f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); from datasets.scan import _worker_main; _worker_main()"
+# A worker runs this very file as a script (it imports only the standard library), so it starts in
+# milliseconds and needs neither site-packages nor the feedline package on its path.
+_WORKER = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--scan-worker"]
 
 
 def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, bar) -> list[ClassScan]:
@@ -280,7 +281,7 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     scans: list[ClassScan | None] = [None] * len(classes)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-S", "-c", _WORKER],
+            _WORKER,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -292,10 +293,10 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     def drain(proc: subprocess.Popen) -> None:
         while True:
             try:
-                i, scan = pickle.load(proc.stdout)
+                i, fields = pickle.load(proc.stdout)
             except EOFError:
                 return
-            scans[i] = scan
+            scans[i] = ClassScan(*fields)
             with lock:
                 bar.update()
 
@@ -329,20 +330,12 @@ def _worker_main() -> None:
     name_filter = _NameFilter(extensions)
     out = sys.stdout.buffer
     for i, name in tasks:
-        pickle.dump((i, scan_class(name, root, name_filter)), out, protocol=pickle.HIGHEST_PROTOCOL)
+        scan = scan_class(name, root, name_filter)
+        # Plain fields, not the dataclass: here it is __main__.ClassScan, which the parent cannot unpickle.
+        fields = (scan.paths, scan.count, scan.dirs, scan.loops)
+        pickle.dump((i, fields), out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 
 
-def stale_dirs(root: str, dirs, limit: int = 5) -> list[str]:
-    """Directories whose mtime changed (or that vanished) since the scan: O(directories) stats."""
-    changed = []
-    for rel, mtime_ns in dirs:
-        try:
-            now = os.stat(os.path.join(root, rel) if rel else root).st_mtime_ns
-        except OSError:
-            now = None
-        if now != mtime_ns:
-            changed.append(rel or ".")
-            if len(changed) >= limit:
-                break
-    return changed
+if __name__ == "__main__" and sys.argv[1:] == ["--scan-worker"]:
+    _worker_main()

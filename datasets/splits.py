@@ -1,4 +1,4 @@
-"""Seeded, stratified train/val splits, cached as index arrays next to the index they split.
+"""Seeded, stratified train/val splits, cached as row arrays next to the cache of the data they split.
 
 The split depends only on the per-class counts, the fraction and the seed, so every backend that holds
 the same samples in the same class-major order (a folder tree, its lazy layout, its HDF5 conversion)
@@ -7,11 +7,12 @@ validates on the same samples.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from feedline.datasets.cache import save_array
+from feedline.datasets.records import InMemoryArray, LazyArray
 
 
 def check_fraction(value) -> float:
@@ -49,16 +50,35 @@ def stratified_split(counts, fraction: float, seed: int, order=None) -> tuple[np
     return np.flatnonzero(mask).astype(np.int64), val_idx.astype(np.int64)
 
 
-def cached_split(directory, counts, fraction: float, seed: int, name: str, order=None) -> Path:
-    """Path of the ``name`` ("train"/"val") index array for this split, written atomically once."""
+def split_rows(name: str, counts, fraction: float, seed: int, directory=None, order=None):
+    """The rows of split ``name`` ("train" or "val"): a LazyArray over a file in ``directory``, written
+    atomically the first time, or, with no ``directory``, an InMemoryArray. Same arguments, same rows."""
+    if name not in ("train", "val"):
+        raise ValueError(f"a seeded split is 'train' or 'val', not {name!r}")
+    if directory is None:
+        return InMemoryArray(stratified_split(counts, fraction, seed, order)[name == "val"])
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tag = f"split-{seed}-{fraction:.6g}"
     path = directory / f"{tag}-{name}.npy"
     if not path.exists():
-        for part, arr in zip(("train", "val"), stratified_split(counts, fraction, seed, order)):
-            fd, tmp = tempfile.mkstemp(prefix=f".{tag}-{part}", suffix=".npy", dir=directory)
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, arr)
-            os.replace(tmp, directory / f"{tag}-{part}.npy")
-    return path
+        for part, rows in zip(("train", "val"), stratified_split(counts, fraction, seed, order)):
+            save_array(directory / f"{tag}-{part}.npy", rows)
+    return LazyArray(path)
+
+
+SPLITS = ("train", "val", "all")  # all: every sample of the source, in its order (what conversions read)
+
+
+def check_split(name: str) -> str:
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; sources have {', '.join(SPLITS)}")
+    return name
+
+
+def subset_for(name: str, counts, fraction: float, seed: int, directory=None, order=None):
+    """The rows of split ``name`` of one source: None for every row ("all", or "train" without a val
+    share), else the seeded split's rows (``split_rows``)."""
+    check_split(name)
+    if name == "all" or (name == "train" and not fraction):
+        return None
+    return split_rows(name, counts, fraction, seed, directory, order)

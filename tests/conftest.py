@@ -7,7 +7,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
-import utils.config  # noqa: F401 - registers the schemas
 from tests.helpers import simple_tree
 
 ROOT_DIR = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import time
 
 import numpy as np
@@ -49,3 +50,10 @@ def backdate_tree(root, seconds: float = 10.0) -> None:
 
 def simple_tree(root, classes=("cat", "dog", "eel"), per_class: int = 6, ext: str = ".png") -> str:
     return make_tree(root, {c: [f"{i:03d}{ext}" for i in range(per_class)] for c in classes})
+
+
+def console_script(name: str) -> str:
+    """The installed command ``name`` (``feedline-index``, ...) beside this interpreter."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    assert os.path.exists(path), f"{name} is not installed: run `make install` (pip install -e .)"
+    return path

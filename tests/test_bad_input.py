@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from datamodules.samples import BadSampleError, SampleDataset
-from datasets.folder import FolderSource
+from feedline.datamodules.samples import BadSampleError, SampleDataset
+from feedline.datasets.folder import FolderSource
+from feedline.train import train
 from tests.conftest import FAST
 from tests.helpers import make_tree
-from train import train
 
 
 def test_missing_root_names_path_and_key(tmp_path):

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from bench import bench
+from feedline.bench import bench
+from feedline.transforms.collate import Uint8Collate
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
-from transforms.collate import Uint8Collate
 
 # transforms=none keeps the real work tiny, so the stage made slow on purpose dominates even on a busy machine.
 QUICK = [
@@ -22,7 +22,7 @@ QUICK = [
     "data.num_workers=0",
     "transforms=none",
 ]
-SLEEP = "transforms.train=[{_target_: tests.slow.Sleep, seconds: 0.008}]"
+SLEEP = "transforms.train=[{_target_: tests.sleepy.Sleep, seconds: 0.008}]"
 
 
 def run(make_cfg, tmp_path, *overrides):
@@ -51,7 +51,7 @@ def test_breakdown_sums_to_about_the_total(make_cfg, tmp_path):
 
 
 def test_slow_reader_is_io_bound(make_cfg, tmp_path):
-    result = run(make_cfg, tmp_path, "source._target_=tests.slow.SleepyFolderSource", "+source.delay=0.008")
+    result = run(make_cfg, tmp_path, "source._target_=tests.sleepy.SleepyFolderSource", "+source.delay=0.008")
     assert result["verdict"]["verdict"] == "I/O-bound"
     assert result["breakdown"]["share"]["read"] > 0.5
     assert any("convert.py" in s for s in result["verdict"]["suggestions"])
@@ -64,7 +64,7 @@ def test_slow_transform_is_transform_bound(make_cfg, tmp_path):
 
 
 def test_verdict_rules():
-    from utils.verdict import diagnose, recommend_workers
+    from feedline.diagnostics.verdict import diagnose, recommend_workers
 
     def breakdown(**share):
         return {"share": share, "end_to_end_s": 0.001}
@@ -123,9 +123,9 @@ def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
 
 
 def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
-    from datamodules.samples import SampleDataset
-    from datasets.folder import FolderSource
-    from utils.loader_bench import stage_breakdown
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.folder import FolderSource
+    from feedline.diagnostics.loader_bench import stage_breakdown
 
     tree = simple_tree(tmp_path / "tree", per_class=4)
     dataset = SampleDataset(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c").split("train"), None)

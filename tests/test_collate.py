@@ -1,4 +1,4 @@
-"""Collate functions: every one returns a Batch; mixup labels, pad masks, uint8 layout."""
+"""Collate functions: every one returns a Batch; pad masks, uint8 layout."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from transforms.collate import Batch, DefaultCollate, MixupCutmixCollate, PadCollate, Uint8Collate
+from feedline.transforms.collate import Batch, DefaultCollate, PadCollate, Uint8Collate
 
 
 def _images(shapes, channels_last=False):
@@ -60,38 +60,8 @@ def test_pad_sequences_through_pad_sequence():
     assert batch.mask.tolist() == [[True, True, True, False], [True, False, False, False], [True] * 4]
 
 
-def test_mixup_soft_labels_sum_to_one():
-    collate = MixupCutmixCollate(mixup_alpha=0.4, cutmix_alpha=1.0, num_classes=5)
-    torch.manual_seed(0)
-    for _ in range(6):  # both MixUp and CutMix get drawn
-        batch = collate.on_device(collate(_images([(16, 16)] * 8)))
-        assert batch.image.dtype == torch.float32
-        assert batch.label.shape == (8, 5)
-        torch.testing.assert_close(batch.label.sum(dim=1), torch.ones(8))
-        assert (batch.label >= 0).all()
-
-
-def test_mixup_mixes_labels_and_prob_zero_gives_one_hot():
-    samples = _images([(4, 4)] * 4)
-    mixed = MixupCutmixCollate(mixup_alpha=1.0, cutmix_alpha=0, num_classes=3).on_device(
-        Uint8Collate()(samples)
-    )
-    assert ((mixed.label > 0).sum(dim=1) >= 1).all() and (mixed.label < 1).any()
-    plain = MixupCutmixCollate(prob=0.0, num_classes=3).on_device(Uint8Collate()(samples))
-    assert plain.label.tolist() == torch.nn.functional.one_hot(torch.tensor([0, 1, 2, 0]), 3).float().tolist()
-
-
-def test_mixup_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="collate.prob"):
-        MixupCutmixCollate(prob=1.5)
-    with pytest.raises(ValueError, match="mixup_alpha or collate.cutmix_alpha"):
-        MixupCutmixCollate(mixup_alpha=0, cutmix_alpha=0)
-
-
 def test_collates_pickle_for_spawn_workers():
-    collate = MixupCutmixCollate(num_classes=4)
-    collate.on_device(collate(_images([(4, 4)] * 2)))  # builds the torchvision mixer
-    for c in (DefaultCollate(), Uint8Collate(), PadCollate(), collate):
+    for c in (DefaultCollate(), Uint8Collate(), PadCollate()):
         assert type(pickle.loads(pickle.dumps(c))) is type(c)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from transforms.decode import DecodeError, decode
+from feedline.transforms.decode import DecodeError, decode
 
 
 def _encode(img: Image.Image, fmt: str) -> np.ndarray:

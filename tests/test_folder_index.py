@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import pickle
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from torchvision.datasets import ImageFolder
 
-from datasets.folder import FolderSource
-from datasets.index import open_index
-from tests.helpers import backdate_tree, make_tree
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.index import open_index
+from tests.helpers import backdate_tree, console_script, make_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +83,7 @@ def test_index_files_are_packed_arrays_and_meta(tmp_path, tree):
 
 def test_second_open_maps_the_cache_without_scanning(tmp_path, tree, monkeypatch):
     first = open_index(tree, cache_dir=tmp_path / "cache")
-    import datasets.index as index_module
+    import feedline.datasets.index as index_module
 
     monkeypatch.setattr(index_module, "scan_tree", lambda *a, **k: pytest.fail("rescanned a fresh cache"))
     assert open_index(tree, cache_dir=tmp_path / "cache").directory == first.directory
@@ -128,16 +127,16 @@ def test_records_pickle_as_paths_not_samples(tree):
 
 
 def test_index_cli_prints_summary_and_list(tmp_path, tree):
-    cmd = [sys.executable, "-m", "datasets.index", tree, "--cache-dir", str(tmp_path / "c")]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    cmd = [console_script("feedline-index"), tree, "--cache-dir", str(tmp_path / "c")]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert "classes: 3" in out and "samples: 18" in out and str(tmp_path / "c") in out
     assert "dog" in out
-    listed = subprocess.run([*cmd, "--list"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run([*cmd, "--list"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert listed.splitlines()[:2] == ["cat/000.png\t0", "cat/001.png\t0"]
     assert len(listed.splitlines()) == 18
 
 
 def test_index_cli_names_a_missing_root(tmp_path):
-    cmd = [sys.executable, "-m", "datasets.index", str(tmp_path / "nope")]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    cmd = [console_script("feedline-index"), str(tmp_path / "nope")]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 2 and str(tmp_path / "nope") in result.stderr

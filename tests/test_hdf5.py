@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-import datasets.hdf5_write as hdf5_write
-from convert import run_convert
-from datamodules.samples import SampleDataset
-from datasets.folder import FolderSource
-from datasets.hdf5 import HDF5Source
+import feedline.writers.hdf5 as hdf5_write
+from feedline.convert import run_convert
+from feedline.datamodules.samples import SampleDataset
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.hdf5 import HDF5Source
+from feedline.train import train
+from feedline.transforms.collate import Uint8Collate
+from feedline.transforms.decode import decode
 from tests.conftest import FAST
 from tests.helpers import make_tree, simple_tree
-from train import train
-from transforms.collate import Uint8Collate
-from transforms.decode import decode
 
 
 def _convert(make_cfg, tree, out, *overrides):
@@ -241,12 +241,12 @@ def test_contiguous_arrays_are_memory_mapped_and_match_h5py(make_cfg, tmp_path):
 
 
 def test_origin_is_converted_on_prepare_and_gives_the_same_split(tree, tmp_path):
-    from datasets.folder import FolderSource
-    from datasets.hdf5 import HDF5Source
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.derived import ConvertedHDF5Source
 
     origin = FolderSource(tree, val_fraction=0)
     path = tmp_path / "made.h5"
-    source = HDF5Source(path, val_fraction=0.34, origin=origin, convert_options={"workers": 1})
+    source = ConvertedHDF5Source(path, origin, convert_options={"workers": 1}, val_fraction=0.34)
     assert source.classes == origin.classes and not path.exists()  # known before prepare(), from the origin
     source.prepare()
     assert path.exists()

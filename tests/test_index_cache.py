@@ -6,14 +6,15 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import sys
 
 import numpy as np
 import pytest
 from torchvision.datasets import ImageFolder
 
-import datasets.index as index_module
-from datasets.folder import FolderSource
-from datasets.index import index_dir, open_index, problem
+import feedline.datasets.index as index_module
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.index import index_dir, open_index, problem
 from tests.helpers import backdate_tree, make_tree, simple_tree
 
 
@@ -153,7 +154,7 @@ def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
-    import datasets.scan as scan
+    import feedline.datasets.scan as scan
     from tests.test_folder_index import AWKWARD
 
     root = make_tree(tmp_path / "t", {**AWKWARD, **{f"c{i}": [f"{i}.png"] for i in range(8)}})
@@ -165,7 +166,7 @@ def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
 
 
 def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path):
-    import datasets.scan as scan
+    import feedline.datasets.scan as scan
 
     monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs4")
     assert scan.scan_plan(str(tmp_path)) == ("threads", 16)
@@ -180,17 +181,19 @@ def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path)
 
 
 def test_filesystem_type_reads_the_mount_table(tmp_path):
-    from datasets.scan import filesystem_type
+    from feedline.datasets.scan import filesystem_type
 
     assert filesystem_type(str(tmp_path)) != ""
 
 
 def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):
-    import datasets.scan as scan
+    import feedline.datasets.scan as scan
 
     root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
     monkeypatch.setattr(
-        scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"
+        scan,
+        "_WORKER",
+        [sys.executable, "-c", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"],
     )
     monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
@@ -200,10 +203,12 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
 
 def test_a_scan_worker_that_dies_before_reading_its_tasks_is_named(tmp_path, monkeypatch):
     """The task list (here over a pipe buffer's worth) meets a closed pipe: the error still says why."""
-    import datasets.scan as scan
+    import feedline.datasets.scan as scan
 
     monkeypatch.setattr(
-        scan, "_WORKER", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"
+        scan,
+        "_WORKER",
+        [sys.executable, "-c", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"],
     )
     classes = [f"class-{i:06d}-" + "x" * 100 for i in range(4000)]
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):

@@ -159,7 +159,7 @@ def test_slurm_launcher_config_ties_tasks_to_devices():
 
 @pytest.mark.parametrize(("total", "world", "expected"), [(64, 1, 64), (64, 2, 32), (96, 3, 32), (8, 8, 1)])
 def test_global_batch_size_divides_over_the_world(total, world, expected):
-    from datamodules.knobs import per_device_batch_size
+    from feedline.datamodules.knobs import per_device_batch_size
 
     assert per_device_batch_size(16, total, world) == expected
     assert per_device_batch_size(16, None, world) == 16  # data.batch_size is per device
@@ -167,7 +167,7 @@ def test_global_batch_size_divides_over_the_world(total, world, expected):
 
 @pytest.mark.parametrize(("total", "world"), [(10, 4), (3, 2), (0, 1)])
 def test_global_batch_size_that_does_not_divide_is_refused(total, world):
-    from datamodules.knobs import per_device_batch_size
+    from feedline.datamodules.knobs import per_device_batch_size
 
     with pytest.raises(
         ValueError, match=rf"data.global_batch_size={total} does not divide over {world} device"
@@ -199,7 +199,7 @@ def test_ddp_trainer_config_builds_a_ddp_strategy(make_cfg):
 
 
 def test_sweep_summary_lists_failed_jobs_and_ignores_sweeps_without_summaries(tmp_path):
-    from utils.sweep_summary import collect, write_tables
+    from feedline.callbacks.sweep_summary import collect, write_tables
 
     for job, summary in (
         (

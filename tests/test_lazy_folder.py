@@ -5,19 +5,20 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 
 import pytest
 
-import datasets.lazy_folder as lazy
-import datasets.lazy_layout as lazy_layout
-from datamodules.samples import BadSampleError, SampleDataset
-from datasets.folder import FolderSource
-from datasets.lazy_folder import LayoutError, LazyFolderSource, verify_tree
-from datasets.lazy_layout import layout
-from tests.conftest import FAST, ROOT_DIR
-from tests.helpers import backdate_tree, make_tree
-from train import train
+import feedline.datasets.lazy_folder as lazy
+import feedline.writers.lazy_layout as lazy_layout
+from feedline.datamodules.samples import BadSampleError, SampleDataset
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.lazy_checks import LayoutError, verify_tree
+from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.train import train
+from feedline.writers.derived import LaidOutLazyFolderSource
+from feedline.writers.lazy_layout import layout
+from tests.conftest import FAST
+from tests.helpers import backdate_tree, console_script, make_tree
 
 NESTED = {
     "beta": ["b.png", "a/x.png", "a-b/y.png", "c.png"],
@@ -102,20 +103,18 @@ def test_layout_refuses_a_foreign_non_empty_destination(tmp_path):
 def test_layout_cli(tmp_path):
     src = make_tree(tmp_path / "src", NESTED)
     cmd = [
-        sys.executable,
-        "-m",
-        "datasets.lazy_folder",
+        console_script("feedline-lazy-folder"),
         "layout",
         src,
         str(tmp_path / "dst"),
         "--cache-dir",
         str(tmp_path / "c"),
     ]
-    out = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert "laid out 12 files" in out
     ok = subprocess.run(
-        [sys.executable, "-m", "datasets.lazy_folder", "verify", str(tmp_path / "dst")],
-        cwd=ROOT_DIR,
+        [console_script("feedline-lazy-folder"), "verify", str(tmp_path / "dst")],
+        cwd=tmp_path,  # an installed command: it runs from anywhere
         capture_output=True,
         text=True,
     )
@@ -223,11 +222,11 @@ def test_train_from_a_lazy_layout(make_cfg, tmp_path):
 def test_origin_is_laid_out_on_prepare_once(tree, tmp_path, monkeypatch):
     origin = FolderSource(tree, val_fraction=0)
     root = tmp_path / "lazy"
-    source = LazyFolderSource(root, val_fraction=0, origin=origin)
+    source = LaidOutLazyFolderSource(root, origin, val_fraction=0)
     assert source.classes == origin.classes and not root.exists()
     source.prepare()
     assert len(source.split("train")) == len(origin.split("all"))
     monkeypatch.setattr(
         lazy_layout, "plan_layout", lambda *a, **k: pytest.fail("a complete layout was planned again")
     )
-    LazyFolderSource(root, val_fraction=0, origin=origin).prepare()
+    LaidOutLazyFolderSource(root, origin, val_fraction=0).prepare()

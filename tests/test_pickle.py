@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from datamodules.image import ImageDataModule
-from datasets.folder import FolderSource
-from transforms.collate import Batch, Uint8Collate
-from transforms.stacks import TransformStacks
+from feedline.datamodules.image import ImageDataModule
+from feedline.datasets.folder import FolderSource
+from feedline.transforms.collate import Batch, Uint8Collate
+from feedline.transforms.stacks import TransformStacks
 
 
 def _datamodule(tree, **kwargs):

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from feedline.train import train
 from tests.conftest import FAST
-from train import train
 
 COLLATES = sorted(p.stem for p in (__import__("tests.conftest").conftest.CONF / "collate").glob("*.yaml"))
 

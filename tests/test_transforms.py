@@ -12,11 +12,11 @@ from hydra.utils import instantiate
 from PIL import Image
 from torchvision.transforms import v2
 
+from feedline.train import train
+from feedline.transforms.crop import RandomResizedCrop
+from feedline.transforms.decode import decode, jpeg_size
+from feedline.transforms.reduce import minimum_size, reduction
 from tests.conftest import CONF, FAST
-from train import train
-from transforms.crop import RandomResizedCrop
-from transforms.decode import decode, jpeg_size
-from transforms.reduce import minimum_size, reduction
 
 PRESETS = sorted(p.stem for p in (CONF / "transforms").glob("*.yaml"))
 
@@ -149,7 +149,7 @@ def test_workers_and_ranks_draw_different_augmentations(tmp_path):
     from lightning.fabric.utilities.seed import pl_worker_init_function
     from torch.utils.data import DataLoader
 
-    from datamodules.samples import SampleDataset
+    from feedline.datamodules.samples import SampleDataset
 
     class Same:
         def __len__(self):

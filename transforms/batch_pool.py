@@ -23,7 +23,7 @@ import weakref
 import torch
 from torch.utils.data import get_worker_info
 
-from transforms.batch import Batch
+from feedline.transforms.batch import Batch
 
 _ALIGN = 64
 

@@ -1,7 +1,7 @@
 """Collate functions: samples -> ``Batch``. Each is a small picklable class, so spawn workers work.
 
-A collate may also define ``on_device(batch) -> batch``: the datamodule runs it on training batches after
-the transfer and the batch stack, where float work is cheap (mixup/cutmix lives there).
+A collate only stacks; batch-level augmentation (mixup/cutmix) is a batch transform that runs on the
+device (``transforms/mix.py``).
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate
-from torchvision.transforms import v2
 
-from transforms.batch import Batch
-from transforms.batch_pool import BatchPool, empty
+from feedline.transforms.batch import Batch
+from feedline.transforms.batch_pool import BatchPool, empty
 
-__all__ = ["Batch", "DefaultCollate", "MixupCutmixCollate", "PadCollate", "Uint8Collate"]
+__all__ = ["Batch", "DefaultCollate", "PadCollate", "Uint8Collate"]
 
 
 def _labels(samples) -> torch.Tensor:
@@ -121,65 +120,3 @@ class PadCollate:
             out[k, :, : x.shape[1], : x.shape[2]].copy_(x)
             mask[k, : x.shape[1], : x.shape[2]] = True
         return out, mask
-
-
-class MixupCutmixCollate(Uint8Collate):
-    """uint8 batches from the workers; on the device, torchvision v2 ``MixUp`` or ``CutMix`` mixes each
-    training batch with probability ``prob``, and ``label`` becomes soft labels (N, classes) that sum to 1.
-
-    ``switch_prob`` is the chance of CutMix when both alphas are > 0; an alpha of 0 turns that one off.
-    ``num_classes`` is filled in by the datamodule from the source.
-    """
-
-    def __init__(
-        self,
-        mixup_alpha: float = 0.2,
-        cutmix_alpha: float = 1.0,
-        prob: float = 1.0,
-        switch_prob: float = 0.5,
-        num_classes: int | None = None,
-        reuse_buffers: bool = True,
-    ):
-        super().__init__(reuse_buffers)
-        for key, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
-            if value < 0:
-                raise ValueError(f"collate.{key}={value} must be >= 0 (0 turns it off)")
-        for key, value in (("prob", prob), ("switch_prob", switch_prob)):
-            if not 0 <= value <= 1:
-                raise ValueError(f"collate.{key}={value} must be in [0, 1]")
-        if mixup_alpha == 0 and cutmix_alpha == 0:
-            raise ValueError("collate=mixup_cutmix needs collate.mixup_alpha or collate.cutmix_alpha > 0")
-        self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
-        self.prob, self.switch_prob = float(prob), float(switch_prob)
-        self.num_classes = num_classes
-        self._mix = None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_mix": None}
-
-    def _mixer(self):
-        if self._mix is None:
-            if not self.num_classes:
-                raise ValueError(
-                    "collate=mixup_cutmix needs num_classes (the datamodule sets it from the source)"
-                )
-            choices, weights = [], []
-            if self.mixup_alpha > 0:
-                choices.append(v2.MixUp(alpha=self.mixup_alpha, num_classes=self.num_classes))
-                weights.append(1 - self.switch_prob if self.cutmix_alpha > 0 else 1.0)
-            if self.cutmix_alpha > 0:
-                choices.append(v2.CutMix(alpha=self.cutmix_alpha, num_classes=self.num_classes))
-                weights.append(self.switch_prob if self.mixup_alpha > 0 else 1.0)
-            self._mix = v2.RandomChoice(choices, p=weights) if len(choices) > 1 else choices[0]
-        return self._mix
-
-    def on_device(self, batch: Batch) -> Batch:
-        mixer = self._mixer()
-        if not batch.image.is_floating_point():
-            batch = batch._replace(image=batch.image.float().div_(255))
-        if torch.rand(()) < self.prob:
-            image, label = mixer(batch.image, batch.label)
-        else:
-            image = batch.image
-            label = torch.nn.functional.one_hot(batch.label, self.num_classes).to(image.dtype)
-        return batch._replace(image=image, label=label)

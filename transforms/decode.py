@@ -15,7 +15,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
-from transforms.reduce import reduction
+from feedline.transforms.reduce import reduction
 
 # torchvision 0.29 marks its decoders deprecated in favour of TorchCodec and warns on every call; they
 # remain the fastest image decoders installed with torchvision, so feedline keeps them quiet.

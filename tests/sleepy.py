@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from datasets.folder import FolderSource
+from feedline.datasets.folder import FolderSource
 
 
 class SleepyRecords:

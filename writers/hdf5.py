@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 import h5py
 import numpy as np
@@ -22,41 +21,19 @@ from torchvision.io import encode_jpeg
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
-from datasets.hdf5 import FORMAT
-from datasets.scan import available_cpus
-from transforms.decode import DecodeError, decode
+from feedline.datasets.hdf5_layout import FORMAT
+from feedline.datasets.scan import available_cpus
+from feedline.transforms.decode import DecodeError, decode
+from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
 
-MODES = ("encoded", "raw")
-
-
-@dataclass
-class Options:
-    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized); raw: uint8 HWC arrays
-    max_side: int | None = None  # encoded: shrink so the longer side is at most this
-    size: int | None = None  # raw: resize the shorter side to this, then centre-crop a size x size square
-    quality: int = 90  # JPEG quality for re-encoded images
-    workers: int | str = "auto"
-    chunk: int = 256  # rows per task and per write
-
-    def check(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
-        if self.mode == "raw" and not self.size:
-            raise ValueError("out.mode=raw stores fixed-size arrays: set out.size (e.g. out.size=256)")
-        if self.max_side is not None and int(self.max_side) < 1:
-            raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
-        if not 1 <= int(self.quality) <= 100:
-            raise ValueError(f"out.quality={self.quality} must be in 1..100")
-
-
 # -- worker side ----------------------------------------------------------------------------------------
 _records = None
-_options: Options | None = None
+_options: HDF5WriteOptions | None = None
 
 
-def _init(records, options: Options) -> None:
+def _init(records, options: HDF5WriteOptions) -> None:
     global _records, _options
     _records, _options = records, options
     torch.set_num_threads(1)
@@ -90,16 +67,17 @@ def _prepare_chunk(indices: range) -> list:
 
 
 # -- writer side ----------------------------------------------------------------------------------------
-def convert_source(source, out_path: str, options: Options) -> dict:
-    """Prepare ``source`` and write every sample of it (``split("all")``, its val share included)."""
+def convert_source(source, options: HDF5WriteOptions) -> dict:
+    """Prepare ``source`` and write every sample of it (``split("all")``, its val share included) to
+    ``options.path``."""
     source.prepare()
-    return convert(source.split("all"), source.classes, out_path, options, description=repr(source))
+    return convert(source.split("all"), source.classes, options, description=repr(source))
 
 
-def convert(records, classes: list[str], out_path: str, options: Options, description: str = "") -> dict:
-    """Write ``records`` to ``out_path``; returns the summary (images, bytes, skipped, seconds)."""
+def convert(records, classes: list[str], options: HDF5WriteOptions, description: str = "") -> dict:
+    """Write ``records`` to ``options.path``; returns the summary (images, bytes, skipped, seconds)."""
     options.check()
-    out_path = os.path.abspath(os.path.expanduser(out_path))
+    out_path = os.path.abspath(os.path.expanduser(str(options.path)))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     partial = out_path + ".partial"
     report = out_path + ".skipped.tsv"
@@ -183,7 +161,7 @@ def _trim(f: h5py.File, images, written: int):
     return f["images"]
 
 
-def _create_images(f: h5py.File, n: int, options: Options, chunk: int):
+def _create_images(f: h5py.File, n: int, options: HDF5WriteOptions, chunk: int):
     if options.mode == "raw":
         # Contiguous and uncompressed, so readers can memory-map the rows (see HDF5Records).
         side = int(options.size)

@@ -1,5 +1,5 @@
 """Measurements behind ``bench.py``: the train loader's rate, a per-stage breakdown, a worker sweep and
-one model step. Each function returns plain numbers; ``utils.verdict`` reads them and ``utils.bench_report``
+one model step. Each function returns plain numbers; ``diagnostics.verdict`` reads them and ``diagnostics.report``
 prints them.
 """
 
@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.utils.data import DataLoader
 
-from transforms.decode import decode
-
 STAGES = ("read", "decode", "transform", "collate", "ipc")
+
+# Every duration here is read from this clock; tests replace it with one that only sleepy stages advance.
+clock = time.perf_counter
 
 
 def _nbytes(payload) -> int:
@@ -32,16 +33,16 @@ def measure_loader(
     for _ in range(warmup):
         if next(iterator, None) is None:
             raise ValueError("the train split has fewer batches than bench.warmup: lower bench.warmup")
-    samples, done, start = 0, 0, time.perf_counter()
+    samples, done, start = 0, 0, clock()
     for batch in iterator:
         samples += len(batch[1])
         done += 1
         if progress is not None:
             progress(1)
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         if (seconds is None and done >= batches) or (seconds is not None and elapsed >= seconds):
             break
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     if done == 0:
         raise ValueError("no batches left after the warm-up: lower bench.warmup or use more data")
     return {
@@ -63,47 +64,45 @@ def ship(batch) -> None:
 
 
 def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, workers: int = 0) -> dict:
-    """Time each stage, in this process, on ``indices``: read (the source), decode, the per-sample
-    transforms, collate and, when there are workers, ipc (moving the batch into a fresh shared-memory
-    segment, as torch does for a batch not already in one; none for a collate that reuses its own shared
-    buffers, such as collate=uint8); then the same items end to end. Returns seconds per sample for each
-    stage, their shares, the end-to-end time and the payload size."""
-    records, transform, floor = dataset.records, dataset.transform, dataset.floor
+    """Time each stage of the dataset's own pipeline (``SampleDataset.read_many``, ``decode``,
+    ``augment``), in this process, on ``indices``: read (the source), decode, the per-sample transforms,
+    collate and, when there are workers, ipc (moving the batch into a fresh shared-memory segment, as torch
+    does for a batch not already in one; none for a collate that reuses its own shared buffers, such as
+    collate=uint8); then the same items end to end. Returns seconds per sample for each stage, their
+    shares, the end-to-end time, the payload size and the stages that ran."""
     # A collate that reuses shared-memory buffers writes each batch where it crosses: nothing to ship.
     shipped = workers > 0 and not getattr(collate, "reuse_buffers", False)
     seconds = dict.fromkeys(STAGES, 0.0)
     payload_bytes, samples = 0, []
-    getitems = getattr(records, "getitems", None)
     for chunk in _chunks(indices, batch_size):  # read as the loader does: a batch at a time where it can
-        t0 = time.perf_counter()
-        items = getitems(chunk) if getitems is not None else [records[i] for i in chunk]
-        seconds["read"] += time.perf_counter() - t0
+        t0 = clock()
+        items = dataset.read_many(chunk)
+        seconds["read"] += clock() - t0
         for payload, label in items:
-            t1 = time.perf_counter()
-            image = decode(payload, floor)
-            t2 = time.perf_counter()
-            if transform is not None:
-                image = transform(image)
-            t3 = time.perf_counter()
+            t1 = clock()
+            image = dataset.decode(payload)
+            t2 = clock()
+            image = dataset.augment(image)
+            t3 = clock()
             seconds["decode"] += t2 - t1
             seconds["transform"] += t3 - t2
             payload_bytes += _nbytes(payload)
             samples.append((image, label))
     for chunk in _chunks(samples, batch_size):
-        t0 = time.perf_counter()
+        t0 = clock()
         batch = collate(chunk)
-        t1 = time.perf_counter()
+        t1 = clock()
         seconds["collate"] += t1 - t0
         if shipped:
             ship(batch)
-            seconds["ipc"] += time.perf_counter() - t1
+            seconds["ipc"] += clock() - t1
 
-    start = time.perf_counter()
+    start = clock()
     for chunk in _chunks(indices, batch_size):
         batch = collate(dataset.__getitems__(chunk))
         if shipped:
             ship(batch)
-    total = time.perf_counter() - start
+    total = clock() - start
 
     n = len(indices)
     per_sample = {stage: s / n for stage, s in seconds.items()}
@@ -115,6 +114,7 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
         "stages_sum_s": stages_sum,
         "end_to_end_s": total / n,
         "payload_bytes": payload_bytes / n,
+        "stages_run": [stage for stage in STAGES if stage != "ipc" or shipped],
     }
 
 
@@ -143,9 +143,9 @@ def model_step(
     step()  # warm-up: allocations, cuDNN autotuning
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(repeats):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / repeats
+    return (clock() - start) / repeats

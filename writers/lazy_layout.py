@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from datasets.index import open_index
-from datasets.lazy_folder import LayoutError
-from datasets.records import require_dir
+from feedline.datasets.index import open_index
+from feedline.datasets.lazy_checks import LayoutError
+from feedline.datasets.records import require_dir
 
 MARKER = ".feedline-layout.json"
 MAPPING = "mapping.tsv"

@@ -1,0 +1,1 @@
+"""Callbacks: Lightning's (throughput) and Hydra's (the sweep summary)."""

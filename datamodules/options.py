@@ -1,0 +1,41 @@
+"""The ``data.*`` knobs: one typed schema, the one place their defaults are written.
+
+``conf/data/default.yaml`` extends this schema (registered by ``feedline.conf.register``), so a misspelt key
+(``data.batchsize=8``) or a wrong type (``data.batch_size=big``) fails when the config is composed, before
+any work starts; ``ImageDataModule`` takes its defaults from here. Standard library only: Hydra imports it
+at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+# Functional form, because `raise` cannot be a class attribute.
+OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
+
+
+def parse_on_bad_sample(value) -> OnBadSample:
+    try:
+        return OnBadSample(getattr(value, "value", value))
+    except ValueError:
+        raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise") from None
+
+
+@dataclass
+class DataConfig:
+    _target_: str = "feedline.datamodules.image.ImageDataModule"
+    source: Any = "${source}"
+    transforms: Any = "${transforms}"
+    collate: Any = "${collate}"
+    batch_size: int = 64  # per device, Lightning's convention
+    global_batch_size: Optional[int] = None  # noqa: UP045 - OmegaConf needs Optional; split over the devices
+    num_workers: Any = "auto"  # int >= 0 or "auto": the CPUs per device, minus one
+    pin_memory: Any = "auto"  # true, false or "auto": on when training on a GPU
+    persistent_workers: bool = True
+    prefetch_factor: Optional[int] = 2  # noqa: UP045
+    on_bad_sample: OnBadSample = OnBadSample.skip  # skip (report the path, train on) | raise
+    multiprocessing_context: Optional[str] = None  # noqa: UP045 - fork, spawn, forkserver; null: the default
+    drop_last: bool = False
+    reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much

@@ -1,0 +1,1 @@
+"""What ``bench.py`` measures and how it reports it: loader rate, stage breakdown, verdict."""

@@ -1,1 +1,0 @@
-"""Helpers the entry points share: config schemas, instantiation, callbacks."""

@@ -1,0 +1,34 @@
+"""The ``out.*`` options of ``convert.py``: one typed schema, the one place their defaults are written.
+
+``conf/convert.yaml`` extends it (registered by ``feedline.conf.register``), so a misspelt or mistyped
+``out.`` key fails at composition, and ``convert.py`` turns the composed node straight into this object.
+Standard library only: Hydra imports it at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MODES = ("encoded", "raw")
+
+
+@dataclass
+class HDF5WriteOptions:
+    path: str = "???"  # the HDF5 file to write (as <path>.partial, renamed when complete); required
+    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized) | raw: uint8 HWC arrays
+    max_side: Optional[int] = None  # noqa: UP045 - encoded: re-encode so the longer side is at most this
+    size: Optional[int] = None  # noqa: UP045 - raw: resize the shorter side, centre-crop a square
+    quality: int = 90  # JPEG quality for re-encoded images
+    workers: Any = "auto"  # decode/resize processes (auto: one per CPU)
+    chunk: int = 256  # rows per task and per write
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
+        if self.mode == "raw" and not self.size:
+            raise ValueError("out.mode=raw stores fixed-size arrays: set out.size (e.g. out.size=256)")
+        if self.max_side is not None and int(self.max_side) < 1:
+            raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
+        if not 1 <= int(self.quality) <= 100:
+            raise ValueError(f"out.quality={self.quality} must be in 1..100")
