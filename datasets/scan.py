@@ -97,12 +97,13 @@ def _matching(names: list[str], name_filter: _NameFilter) -> list[str]:
     return name_filter.findall(joined)
 
 
-def filesystem_type(path: str) -> str:
-    """The type of the filesystem holding ``path`` (from /proc/self/mounts), or "" when unknown."""
+def filesystem_type(path: str, mounts: str = "/proc/self/mounts") -> str:
+    """The type of the filesystem holding ``path`` (the longest mount point above it in the mount
+    table), or "" when unknown."""
     path = os.path.realpath(path)
     best, fstype = "", ""
     try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
             for line in f:
                 fields = line.split()
                 if len(fields) < 3:

@@ -1,10 +1,27 @@
-"""Test-only pipeline parts that are slow on purpose, for bench.py's verdict tests."""
+"""Test-only pipeline parts that are slow on purpose, for bench.py's verdict tests.
+
+They take no real time: each advances ``CLOCK``, a fake clock that the tests hand to
+``feedline.diagnostics.loader_bench`` in place of ``time.perf_counter``. Every stage that is not made slow
+then measures zero, so the shares and the verdict come out the same on a busy machine as on an idle one.
+"""
 
 from __future__ import annotations
 
-import time
-
 from feedline.datasets.folder import FolderSource
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+CLOCK = FakeClock()
 
 
 class SleepyRecords:
@@ -15,7 +32,7 @@ class SleepyRecords:
         return len(self.records)
 
     def __getitem__(self, i: int):
-        time.sleep(self.delay)  # a slow disk or network filesystem
+        CLOCK.advance(self.delay)  # a slow disk or network filesystem
         return self.records[i]
 
     def describe(self, i: int) -> str:
@@ -40,5 +57,5 @@ class Sleep:
         self.seconds = seconds
 
     def __call__(self, image):
-        time.sleep(self.seconds)
+        CLOCK.advance(self.seconds)
         return image

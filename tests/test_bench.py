@@ -25,6 +25,15 @@ QUICK = [
 SLEEP = "transforms.train=[{_target_: tests.sleepy.Sleep, seconds: 0.008}]"
 
 
+@pytest.fixture(autouse=True)
+def _fake_clock(monkeypatch):
+    """Only the stages made slow on purpose take (fake) time: no assertion depends on the machine's load."""
+    import feedline.diagnostics.loader_bench as loader_bench
+    from tests.sleepy import CLOCK
+
+    monkeypatch.setattr(loader_bench, "clock", CLOCK)
+
+
 def run(make_cfg, tmp_path, *overrides):
     tree = simple_tree(tmp_path / "tree", per_class=10)
     cfg = make_cfg(
@@ -38,12 +47,13 @@ def run(make_cfg, tmp_path, *overrides):
     return bench(cfg, show=False)
 
 
-def test_breakdown_sums_to_about_the_total(make_cfg, tmp_path):
+def test_breakdown_sums_to_the_total(make_cfg, tmp_path):
     result = run(make_cfg, tmp_path, SLEEP)
     stages = result["breakdown"]
     assert set(stages["per_sample_s"]) == {"read", "decode", "transform", "collate", "ipc"}
-    assert stages["per_sample_s"]["ipc"] == 0  # data.num_workers=0: nothing crosses processes
-    assert stages["stages_sum_s"] == pytest.approx(stages["end_to_end_s"], rel=0.25)
+    assert "ipc" not in stages["stages_run"]  # data.num_workers=0: nothing crosses processes
+    assert stages["per_sample_s"]["transform"] == pytest.approx(0.008)
+    assert stages["stages_sum_s"] == pytest.approx(stages["end_to_end_s"])
     assert sum(stages["share"].values()) == pytest.approx(1.0)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["loader"]["samples_per_s"] == pytest.approx(result["loader"]["samples_per_s"])
@@ -53,14 +63,14 @@ def test_breakdown_sums_to_about_the_total(make_cfg, tmp_path):
 def test_slow_reader_is_io_bound(make_cfg, tmp_path):
     result = run(make_cfg, tmp_path, "source._target_=tests.sleepy.SleepyFolderSource", "+source.delay=0.008")
     assert result["verdict"]["verdict"] == "I/O-bound"
-    assert result["breakdown"]["share"]["read"] > 0.5
+    assert result["breakdown"]["share"]["read"] == pytest.approx(1.0)
     assert any("convert.py" in s for s in result["verdict"]["suggestions"])
 
 
 def test_slow_transform_is_transform_bound(make_cfg, tmp_path):
     result = run(make_cfg, tmp_path, SLEEP)
     assert result["verdict"]["verdict"] == "transform-bound"
-    assert result["breakdown"]["share"]["transform"] > 0.5
+    assert result["breakdown"]["share"]["transform"] == pytest.approx(1.0)
 
 
 def test_verdict_rules():
@@ -118,8 +128,8 @@ def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["sweep"]) == {str(w) for w in range(result["cpus"] + 1)}
     assert result["recommended_workers"] in range(result["cpus"] + 1)
-    assert 0 <= result["model"]["idle_share"] <= 1 and result["model"]["step_s"] > 0
-    assert result["breakdown"]["per_sample_s"]["ipc"] > 0  # the sweep runs workers: batches cross processes
+    assert set(result["model"]) >= {"step_s", "loader_batch_s", "idle_share"}
+    assert "ipc" in result["breakdown"]["stages_run"]  # the sweep runs workers: batches cross processes
 
 
 def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
@@ -132,4 +142,5 @@ def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
     indices = list(range(8))
     reused = stage_breakdown(dataset, Uint8Collate(), indices, batch_size=4, workers=2)
     fresh = stage_breakdown(dataset, Uint8Collate(reuse_buffers=False), indices, batch_size=4, workers=2)
-    assert reused["per_sample_s"]["ipc"] == 0 and fresh["per_sample_s"]["ipc"] > 0
+    assert "ipc" not in reused["stages_run"] and reused["per_sample_s"]["ipc"] == 0
+    assert "ipc" in fresh["stages_run"]

@@ -28,6 +28,20 @@ def run_benchmark(script: str, tmp_path, *args: str) -> tuple[str, dict]:
     return done.stdout, json.loads(out.read_text())
 
 
+UNITS = {"ms": 1e-3, "s": 1.0, "KiB": 1024.0, "MiB": 1024.0**2}
+
+
+def _meets(row: dict, kind: str, target: str) -> bool:
+    """Re-derive a target's verdict from the row: '>= 3x faster' reads the ratio, '<= 50.0 ms' the value."""
+    op, amount, unit = target.split()[:3]
+    assert op in (">=", "<=")
+    if amount.endswith("x"):
+        figure, bound = row["ratios"][kind], float(amount[:-1])
+    else:
+        figure, bound = row["values"][kind], float(amount) * UNITS[unit]
+    return figure >= bound if op == ">=" else figure <= bound
+
+
 @pytest.mark.slow
 def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
     printed, result = run_benchmark(
@@ -52,7 +66,9 @@ def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
             else {"imagefolder", "folder", "lazy_folder"}
         )
         assert set(row["values"]) == kinds and all(v > 0 for v in row["values"].values())
-    assert {t["met"] for r in rows.values() for t in r["targets"].values()} <= {True, False}
+    for row in rows.values():  # each verdict agrees with its own figure and target
+        for kind, target in row["targets"].items():
+            assert target["met"] == _meets(row, kind, target["target"]), (row["measure"], kind, target)
     assert rows["first build"]["targets"]["folder"]["target"] == ">= 3x faster"
 
 

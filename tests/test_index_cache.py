@@ -180,10 +180,20 @@ def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path)
         scan.scan_plan(str(tmp_path), 0)
 
 
-def test_filesystem_type_reads_the_mount_table(tmp_path):
+def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
     from feedline.datasets.scan import filesystem_type
 
-    assert filesystem_type(str(tmp_path)) != ""
+    table = tmp_path / "mounts"
+    table.write_text(
+        "rootfs / ext4 rw 0 0\n"
+        "server:/export /data nfs4 rw 0 0\n"
+        "lustre@tcp:/fs /data/fast\\040lane lustre rw 0 0\n"  # a space in a mount point is written \040
+        "short line\n"
+    )
+    assert filesystem_type("/data/train/cat", str(table)) == "nfs4"
+    assert filesystem_type("/data/fast lane/x", str(table)) == "lustre"
+    assert filesystem_type("/database", str(table)) == "ext4"  # /data is not a prefix of /database
+    assert filesystem_type("/x", str(tmp_path / "no-such-table")) == ""
 
 
 def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):

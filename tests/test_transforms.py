@@ -142,14 +142,15 @@ def test_same_seed_same_first_batch_with_workers(make_cfg, tree):
 
 
 def test_workers_and_ranks_draw_different_augmentations(tmp_path):
-    """One image, shown to two workers: each must crop it differently; and the same worker on another
-    rank must seed differently too."""
-    from functools import partial
+    """One image, shown to two workers: each must crop it differently; and the datamodule's loader on
+    another rank, with the same seed, must crop differently too."""
+    from types import SimpleNamespace
 
-    from lightning.fabric.utilities.seed import pl_worker_init_function
-    from torch.utils.data import DataLoader
+    from lightning.pytorch.accelerators import CPUAccelerator
 
+    from feedline.datamodules.image import ImageDataModule
     from feedline.datamodules.samples import SampleDataset
+    from feedline.transforms.collate import DefaultCollate
 
     class Same:
         def __len__(self):
@@ -161,17 +162,17 @@ def test_workers_and_ranks_draw_different_augmentations(tmp_path):
         def describe(self, i):
             return f"same[{i}]"
 
-    dataset = SampleDataset(Same(), v2.RandomResizedCrop(32, antialias=True))
-    torch.manual_seed(0)
-    loader = DataLoader(
-        dataset, batch_size=1, num_workers=2, worker_init_fn=partial(pl_worker_init_function, rank=0)
-    )
-    batches = [b[0] for b in loader]  # batch k comes from worker k % 2
-    assert not torch.equal(batches[0], batches[1])
+    def first_batches(rank: int) -> list[torch.Tensor]:
+        dm = ImageDataModule(source=None, collate=DefaultCollate(), batch_size=1, num_workers=2)
+        dm.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, num_devices=2, accelerator=CPUAccelerator()
+        )
+        dm.datasets["train"] = SampleDataset(Same(), v2.RandomResizedCrop(32, antialias=True))
+        torch.manual_seed(0)
+        loader = dm._loader("train", shuffle=False, drop_last=False)
+        return [b[0] for b in loader]  # batch k comes from worker k % 2
 
-    states = []
-    for rank in (0, 1):
-        torch.manual_seed(123)  # what a worker starts with: base seed + worker id
-        pl_worker_init_function(0, rank=rank)
-        states.append(torch.rand(4))
-    assert not torch.equal(*states)
+    rank0, rank1 = first_batches(0), first_batches(1)
+    assert not torch.equal(rank0[0], rank0[1])  # two workers of one rank
+    assert not torch.equal(rank0[0], rank1[0])  # worker 0 of two ranks
+    assert all(torch.equal(a, b) for a, b in zip(rank0, first_batches(0)))  # and a rerun repeats them

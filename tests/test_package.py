@@ -1,0 +1,171 @@
+"""feedline installs and imports as one package, and its import graph keeps the layers apart.
+
+The layer rules (README, "Layout"): readers (``datasets``) import no writer, datamodule or Lightning;
+``transforms`` imports no source; nothing imports in a circle; and every internal import is spelled
+``feedline.…``, never a bare ``datasets`` that would shadow (or be shadowed by) another project's package.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT_DIR
+from tests.helpers import console_script
+
+PACKAGES = (
+    "callbacks",
+    "cli",
+    "conf",
+    "datamodules",
+    "datasets",
+    "diagnostics",
+    "models",
+    "transforms",
+    "writers",
+)
+ENTRY_MODULES = ("train", "convert", "bench")
+# Layer -> what it must never import (prefixes of absolute module names).
+FORBIDDEN = {
+    "feedline.datasets": ("feedline.writers", "feedline.datamodules", "feedline.cli", "lightning", "torch"),
+    "feedline.transforms": ("feedline.datasets", "feedline.writers", "feedline.datamodules", "lightning"),
+    "feedline.writers": ("feedline.datamodules", "lightning"),
+    "feedline.datamodules.options": ("torch", "lightning", "numpy"),
+    "feedline.writers.options": ("torch", "lightning", "numpy"),
+    "feedline.conf": ("torch", "lightning", "numpy"),
+}
+
+
+def package_modules() -> dict[str, Path]:
+    """Module name -> file, for every installed module of feedline."""
+    modules = {f"feedline.{name}": ROOT_DIR / f"{name}.py" for name in ENTRY_MODULES}
+    for package in PACKAGES:
+        for path in sorted((ROOT_DIR / package).glob("*.py")):
+            stem = path.stem
+            modules[f"feedline.{package}" if stem == "__init__" else f"feedline.{package}.{stem}"] = path
+    return modules
+
+
+def imports_of(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth (lazy imports inside functions count too)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_every_internal_import_is_spelled_feedline():
+    ours = set(PACKAGES) | set(ENTRY_MODULES) | {"utils"}
+    bare = [
+        f"{path.relative_to(ROOT_DIR)}: import {name}"
+        for path in package_modules().values()
+        for name in imports_of(path)
+        if name.split(".")[0] in ours
+    ]
+    assert not bare, "\n".join(bare)
+
+
+def test_layers_import_only_what_they_may():
+    broken = []
+    for module, path in package_modules().items():
+        for layer, forbidden in FORBIDDEN.items():
+            if module == layer or module.startswith(layer + "."):
+                broken += [f"{module} imports {n}" for n in imports_of(path) if n.startswith(forbidden)]
+    assert not broken, "\n".join(broken)
+
+
+def test_no_import_circles():
+    modules = package_modules()
+    graph = {m: {n for n in imports_of(p) if n in modules and n != m} for m, p in modules.items()}
+    done: set[str] = set()
+
+    def visit(module: str, stack: list[str]) -> None:
+        if module in stack:
+            cycle = stack[stack.index(module) :] + [module]
+            pytest.fail("import circle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        for dependency in sorted(graph[module]):
+            visit(dependency, [*stack, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_feedline_and_nothing_else_top_level(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            wheels,
+            ROOT_DIR,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("feedline-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {
+        "feedline",
+        "hydra_plugins",
+    }
+    assert {"feedline/conf/train.yaml", "feedline/conf/data/default.yaml", "feedline/train.py"} <= set(names)
+    assert not [n for n in names if n.startswith(("feedline/tests/", "feedline/benchmarks/"))]
+
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, wheel],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    probe = (
+        "import feedline.datamodules.image as m, feedline.writers.derived\n"
+        "from hydra import compose, initialize_config_module\n"
+        "with initialize_config_module('feedline.conf', version_base='1.3'):\n"
+        "    cfg = compose('train', overrides=['source=folder', 'source.root=/x', 'data.batch_size=8'])\n"
+        "print(m.__file__, cfg.data.batch_size)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    where, batch_size = out.stdout.split()
+    assert where.startswith(str(site)) and batch_size == "8"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "args", "printed"),
+    [
+        ("feedline-train", ["--cfg", "job"], "_target_: feedline.datamodules.image.ImageDataModule"),
+        ("feedline-bench", ["--cfg", "job"], "sample_items:"),
+        ("feedline-convert", ["out.path=/tmp/x.h5", "--cfg", "job"], "path: /tmp/x.h5"),
+    ],
+)
+def test_console_scripts_run_from_anywhere(tmp_path, command, args, printed):
+    out = subprocess.run(
+        [console_script(command), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and printed in out.stdout, out.stderr[-3000:]

@@ -1,0 +1,110 @@
+"""The source contract, checked the same way on every source (DESIGN.md, "Contracts").
+
+Every source reads the same tiny class-folder tree, in its own form: the tree itself (``folder``), its
+lazy layout, and its HDF5 conversions. Each must pickle small, give workers the very records the main
+process sees, split train/val disjointly and by seed, and follow the bad-sample policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+
+import h5py
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from feedline.datamodules.samples import BadSampleError, SampleDataset
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.hdf5 import HDF5Source
+from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.writers.hdf5 import convert_source
+from feedline.writers.lazy_layout import layout
+from feedline.writers.options import HDF5WriteOptions
+from tests.helpers import simple_tree
+
+KINDS = ("folder", "lazy_folder", "hdf5", "hdf5_raw")
+PER_CLASS = 10
+
+
+def make_source(kind: str, tmp_path, corrupt: int | None = None, **options):
+    """``kind`` over a 3-class tree; with ``corrupt``, sample ``corrupt`` of the "all" split is garbage."""
+    tree = simple_tree(tmp_path / "tree", per_class=PER_CLASS)
+    cache = tmp_path / "cache"
+    if kind == "folder":
+        source = FolderSource(tree, cache_dir=cache, **options)
+    elif kind == "lazy_folder":
+        layout(tree, str(tmp_path / "lazy"), cache_dir=str(cache))
+        source = LazyFolderSource(tmp_path / "lazy", cache_dir=cache, **options)
+    else:
+        out = HDF5WriteOptions(path=str(tmp_path / f"{kind}.h5"), workers=1)
+        if kind == "hdf5_raw":
+            out.mode, out.size = "raw", 8
+        convert_source(FolderSource(tree, cache_dir=cache), out)
+        if corrupt is not None:
+            with h5py.File(out.path, "r+") as f:
+                f["images"][corrupt] = np.frombuffer(b"not an image at all", dtype=np.uint8)
+        source = HDF5Source(out.path, cache_dir=cache, **options)
+    if corrupt is not None and kind in ("folder", "lazy_folder"):
+        with open(source.split("all").describe(corrupt), "wb") as f:
+            f.write(b"not an image at all")
+    source.prepare()
+    return source
+
+
+def rows(records) -> list[tuple[str, int]]:
+    return [(records.describe(i), records[i][1]) for i in range(len(records))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_records_pickle_in_constant_size(kind, tmp_path):
+    source = make_source(kind, tmp_path)
+    for name in ("train", "val", "all"):
+        records = source.split(name)
+        records[0]  # maps arrays and opens handles: none of that may travel
+        assert len(pickle.dumps(records)) < 2048, (name, len(pickle.dumps(records)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_worker_reads_the_records_the_main_process_sees(kind, tmp_path):
+    records = make_source(kind, tmp_path).split("train")
+    expected = rows(records)
+    assert rows(pickle.loads(pickle.dumps(records))) == expected
+    dataset = SampleDataset(records, transform=None)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)  # one sample per step, workers alternate
+    main = [dataset[i] for i in range(len(dataset))]
+    got = list(loader)
+    assert [int(label) for _, label in got] == [label for _, label in expected]
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for (a, _), (b, _) in zip(got, main))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_splits_are_disjoint_stratified_and_seeded(kind, tmp_path):
+    source = make_source(kind, tmp_path, val_fraction=0.3, seed=1)
+    train, val, every = (set(rows(source.split(n))) for n in ("train", "val", "all"))
+    assert train.isdisjoint(val) and train | val == every
+    assert sorted(label for _, label in val) == [0] * 3 + [1] * 3 + [2] * 3  # round(0.3 * 10) per class
+    again = make_source(kind, tmp_path / "again", val_fraction=0.3, seed=1)
+    other = make_source(kind, tmp_path / "other", val_fraction=0.3, seed=2)
+    positions = [
+        [r.row(i) for i in range(len(r))]
+        for r in (source.split("val"), again.split("val"), other.split("val"))
+    ]
+    assert positions[0] == positions[1] and positions[0] != positions[2]
+
+
+@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5"])  # raw rows are never decoded
+def test_bad_sample_is_named_and_skipped_or_raised(kind, tmp_path, caplog):
+    source = make_source(kind, tmp_path, corrupt=4, val_fraction=0)
+    records = source.split("train")
+    bad = records.describe(4)
+    with pytest.raises(BadSampleError, match=re.escape(f"bad sample {bad}")):
+        SampleDataset(records, on_bad_sample="raise")[4]
+    with caplog.at_level(logging.WARNING):
+        image, label = SampleDataset(records, on_bad_sample="skip")[4]
+    assert f"skipping bad sample {bad}" in caplog.text
+    assert label == records[5][1] and image.shape[0] == 3  # the next readable sample stands in
+    batch = SampleDataset(records, on_bad_sample="skip").__getitems__([3, 4, 5])
+    assert [label for _, label in batch] == [records[3][1], records[5][1], records[5][1]]
