@@ -20,6 +20,9 @@ train: install
 test: install
 	$(PY) -m pytest $(ARGS)
 
+bench: install
+	$(PY) bench.py $(ARGS)
+
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -13,8 +13,8 @@ import numpy as np
 
 from feedline.datasets.cache import check_refresh
 from feedline.datasets.index import FolderIndex, PackedIndex, open_index
-from feedline.datasets.records import Records, read_bytes, require_dir
-from feedline.datasets.scan import IMG_EXTENSIONS, list_classes, normalize_extensions
+from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
+from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.splits import check_fraction, check_split, subset_for
 
 
@@ -85,12 +85,7 @@ class FolderSource:
     def classes(self) -> list[str]:
         if self.root in self._indexes:
             return self._indexes[self.root].classes
-        classes = list_classes(self.root)
-        if not classes:
-            raise FileNotFoundError(
-                f"source.root '{self.root}' has no class folders: expected {self.root}/<class>/<image>"
-            )
-        return classes
+        return class_folders(self.root, "<image>")
 
     def prepare(self) -> None:
         """Build (or refresh) the index of every root. Run once per node; safe to run concurrently."""

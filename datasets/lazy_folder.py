@@ -17,8 +17,7 @@ import os
 
 from feedline.datasets.cache import cache_path, check_refresh, stale_dirs, write_text
 from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
-from feedline.datasets.records import Records, read_bytes, require_dir
-from feedline.datasets.scan import list_classes
+from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
 from feedline.datasets.splits import check_fraction, subset_for
 
 log = logging.getLogger(__name__)
@@ -95,12 +94,7 @@ class LazyFolderSource:
     def classes(self) -> list[str]:
         if self._manifest is not None:
             return self._manifest["classes"]
-        classes = list_classes(self.root)
-        if not classes:
-            raise FileNotFoundError(
-                f"source.root '{self.root}' has no class folders: expected {self.root}/<class>/0.<ext>"
-            )
-        return classes
+        return class_folders(self.root, "0.<ext>")
 
     def prepare(self) -> None:
         """Write (or refresh) the manifest: one listing per class. With ``verify``, check every class."""

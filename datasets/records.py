@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from feedline.datasets.scan import list_classes
+
 
 @runtime_checkable
 class RecordSet(Protocol):
@@ -121,3 +123,11 @@ def require_dir(path: str, key: str) -> str:
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise FileNotFoundError(f"{key} '{path}' {what} (set {key}=... or check the path)")
     return path
+
+
+def class_folders(root: str, sample: str = "<image>", key: str = "source.root") -> list[str]:
+    """The sorted class folders of ``root``, or an error naming the key and the layout expected."""
+    classes = list_classes(root)
+    if not classes:
+        raise FileNotFoundError(f"{key} '{root}' has no class folders: expected {root}/<class>/{sample}")
+    return classes
