@@ -12,8 +12,18 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     from feedline.datamodules.options import DataConfig
-    from feedline.writers.options import HDF5WriteOptions
+    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions
+    from feedline.writers.options import ConvertedHDF5Options, HDF5WriteOptions, LaidOutLazyFolderOptions
 
     store = ConfigStore.instance()
     store.store(group="feedline_schema", name="data", node=DataConfig)
     store.store(group="feedline_schema", name="hdf5_out", node=HDF5WriteOptions)
+    sources = {
+        "folder": FolderOptions,
+        "lazy_folder": LazyFolderOptions,
+        "hdf5": HDF5Options,
+        "converted_hdf5": ConvertedHDF5Options,
+        "laid_out_lazy_folder": LaidOutLazyFolderOptions,
+    }
+    for name, node in sources.items():
+        store.store(group="feedline_schema/source", name=name, node=node)

@@ -13,6 +13,7 @@ import numpy as np
 
 from feedline.datasets.cache import check_refresh
 from feedline.datasets.index import FolderIndex, PackedIndex, open_index
+from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.splits import check_fraction, check_split, subset_for
@@ -55,13 +56,13 @@ class FolderSource:
     def __init__(
         self,
         root: str,
-        val_root: str | None = None,
-        val_fraction: float = 0.1,
-        seed: int = 0,
+        val_root: str | None = _O.val_root,
+        val_fraction: float = _O.val_fraction,
+        seed: int = _O.seed,
         extensions=IMG_EXTENSIONS,
-        cache_dir: str | None = None,
-        refresh: str = "auto",
-        scan_workers="auto",
+        cache_dir: str | None = _O.cache_dir,
+        refresh: str = _O.refresh,
+        scan_workers: int | str = _O.scan_workers,
     ):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None

@@ -14,6 +14,7 @@ import numpy as np
 
 from feedline.datasets.cache import cache_path, save_array
 from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, inspect_file, open_hdf5
+from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records
 from feedline.datasets.splits import check_fraction, check_split, subset_for
 
@@ -120,15 +121,15 @@ class HDF5Source:
     def __init__(
         self,
         path: str,
-        val_path: str | None = None,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        images_key: str = "images",
-        labels_key: str = "labels",
-        layout: str = "auto",
-        dtype: str | None = None,
-        classes=None,
-        cache_dir: str | None = None,
+        val_path: str | None = _O.val_path,
+        val_fraction: float = _O.val_fraction,
+        seed: int = _O.seed,
+        images_key: str = _O.images_key,
+        labels_key: str = _O.labels_key,
+        layout: str = _O.layout,
+        dtype: str | None = _O.dtype,
+        classes: list[str] | None = _O.classes,
+        cache_dir: str | None = _O.cache_dir,
     ):
         self.path = os.path.abspath(os.path.expanduser(str(path)))
         self.val_path = os.path.abspath(os.path.expanduser(str(val_path))) if val_path else None

@@ -17,6 +17,7 @@ import os
 
 from feedline.datasets.cache import cache_path, check_refresh, stale_dirs, write_text
 from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
+from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
 from feedline.datasets.splits import check_fraction, subset_for
 
@@ -62,12 +63,12 @@ class LazyFolderSource:
     def __init__(
         self,
         root: str,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        extension: str | None = None,
-        verify: bool = False,
-        cache_dir: str | None = None,
-        refresh: str = "auto",
+        val_fraction: float = _O.val_fraction,
+        seed: int = _O.seed,
+        extension: str | None = _O.extension,
+        verify: bool = _O.verify,
+        cache_dir: str | None = _O.cache_dir,
+        refresh: str = _O.refresh,
     ):
         self.root = self._check_root(root)
         self.val_fraction = check_fraction(val_fraction)

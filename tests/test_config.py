@@ -116,11 +116,13 @@ def test_unknown_option_lists_the_valid_ones(make_cfg):
         ("data.batch_size=big", "batch_size"),
         ("data.on_bad_sample=ignore", "on_bad_sample"),
         ("source.roott=/x", "roott"),
+        ("source.val_fraction=abc", "source.val_fraction"),
+        ("source=hdf5 source.seed=one", "source.seed"),
     ],
 )
 def test_config_mistakes_fail_at_composition_naming_the_key(make_cfg, override, key):
     with pytest.raises(ConfigCompositionException) as err:
-        make_cfg(override)
+        make_cfg(*override.split())
     assert key in str(err.value) + str(err.value.__cause__)
 
 

@@ -7,8 +7,10 @@ Standard library only: Hydra imports it at start-up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads typing's generics
+
+from feedline.datasets.options import HDF5Options, LazyFolderOptions
 
 MODES = ("encoded", "raw")
 
@@ -32,3 +34,20 @@ class HDF5WriteOptions:
             raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
         if not 1 <= int(self.quality) <= 100:
             raise ValueError(f"out.quality={self.quality} must be in 1..100")
+
+
+@dataclass
+class ConvertedHDF5Options(HDF5Options):
+    """``source.*`` of ``feedline.writers.derived.ConvertedHDF5Source``: hdf5, written from ``origin``."""
+
+    _target_: str = "feedline.writers.derived.ConvertedHDF5Source"
+    origin: Any = None  # any source config
+    convert_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006 - out.* keys, less path
+
+
+@dataclass
+class LaidOutLazyFolderOptions(LazyFolderOptions):
+    """``source.*`` of ``feedline.writers.derived.LaidOutLazyFolderSource``: a layout made from ``origin``."""
+
+    _target_: str = "feedline.writers.derived.LaidOutLazyFolderSource"
+    origin: Any = None  # a class-folder source config (folder, digits)

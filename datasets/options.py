@@ -1,0 +1,56 @@
+"""The ``source.*`` keys of each source: one typed schema per source, the one place their defaults are written.
+
+``conf/source/<name>.yaml`` extends its schema (registered by ``feedline.conf.register``), so a misspelt key
+(``source.rooot=``) or a wrong type (``source.val_fraction=abc``) fails when the config is composed, naming
+``source.<key>``; each source's constructor takes its defaults from here. Standard library only: Hydra
+imports it at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing's generics
+
+from feedline.datasets.scan import IMG_EXTENSIONS
+
+REQUIRED = "???"  # OmegaConf's MISSING: composing succeeds, using the config without setting it fails
+
+
+@dataclass
+class FolderOptions:
+    _target_: str = "feedline.datasets.folder.FolderSource"
+    root: str = REQUIRED  # root/<class>/**/<image>
+    val_root: Optional[str] = None  # noqa: UP045 - a separate class-folder tree for validation
+    val_fraction: float = 0.1  # else: a seeded, per-class share of root goes to val (0 = all train)
+    seed: int = 0
+    extensions: List[str] = field(default_factory=lambda: list(IMG_EXTENSIONS))  # noqa: UP006
+    cache_dir: Optional[str] = None  # noqa: UP045 - null: $FEEDLINE_CACHE_DIR, else ~/.cache/feedline
+    refresh: str = "auto"  # auto: re-index when the tree changed | always | never
+    scan_workers: Any = "auto"  # auto: 16 threads on network filesystems, a process per CPU on local disks
+
+
+@dataclass
+class LazyFolderOptions:
+    _target_: str = "feedline.datasets.lazy_folder.LazyFolderSource"
+    root: str = REQUIRED  # root/<class>/0.<ext> .. <n-1>.<ext>
+    val_fraction: float = 0.1  # seeded, per class: the same split `folder` draws from the original tree
+    seed: int = 0
+    extension: Optional[str] = None  # noqa: UP045 - null: detected per class (one extension per class)
+    verify: bool = False  # true: check every class holds exactly 0..n-1 before training
+    cache_dir: Optional[str] = None  # noqa: UP045
+    refresh: str = "auto"  # auto: re-count when a class folder changed | always | never
+
+
+@dataclass
+class HDF5Options:
+    _target_: str = "feedline.datasets.hdf5.HDF5Source"
+    path: str = REQUIRED  # the HDF5 file (convert.py ... out.path=...)
+    val_path: Optional[str] = None  # noqa: UP045 - a separate file for validation
+    val_fraction: float = 0.1  # else: a seeded, per-class share (the same split `folder` draws)
+    seed: int = 0
+    images_key: str = "images"  # foreign files: the dataset holding images
+    labels_key: str = "labels"
+    layout: str = "auto"  # auto (from the file) | hwc | chw  (array images)
+    dtype: Optional[str] = None  # noqa: UP045 - uint8 (0..255) | float32 (0..1); null: from the file
+    classes: Optional[List[str]] = None  # noqa: UP006, UP045 - names; null: from the file, else 0..max(label)
+    cache_dir: Optional[str] = None  # noqa: UP045
