@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import cache_path, save_array
-from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, inspect_file, open_hdf5
+from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, check_labels, inspect_file, open_hdf5
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records
 from feedline.datasets.splits import check_fraction, check_split, subset_for
@@ -180,10 +180,25 @@ class HDF5Source:
         return cache_path("hdf5", os.path.splitext(os.path.basename(path))[0], key, self.cache_dir)
 
     def _labels(self, path: str):
+        """The labels of ``path``, checked once and cached as an int64 array beside the split arrays. A
+        cache that does not read back as N labels in range is rebuilt, with a warning."""
         target = self._cache(path) / "labels.npy"
-        if not target.exists():
-            with open_hdf5(path) as f:
-                save_array(target, np.asarray(f[self.labels_key][:], dtype=np.int64))
+        n, classes = self._files[path]["n"], len(self.classes)
+        if target.exists():
+            try:
+                cached = np.load(target, mmap_mode="r")
+                if cached.shape != (n,) or cached.dtype != np.int64:
+                    raise ValueError(f"shape {cached.shape}, dtype {cached.dtype}; expected ({n},) int64")
+                if n and (int(cached.min()) < 0 or int(cached.max()) >= classes):
+                    raise ValueError(f"labels outside 0..{classes - 1}")
+                return target
+            except (OSError, ValueError) as err:
+                log.warning("label cache %s is damaged (%s); rebuilding it", target, err)
+        with open_hdf5(path) as f:
+            values = check_labels(
+                f[self.labels_key][:], classes, f"source.path '{path}': labels '{self.labels_key}'"
+            )
+        save_array(target, values)
         return target
 
     def split(self, name: str) -> HDF5Records:

@@ -14,6 +14,7 @@ Foreign files are read too, when their keys and layout are given in config: for 
 from __future__ import annotations
 
 import json
+import logging
 
 import h5py
 import numpy as np
@@ -21,6 +22,8 @@ import numpy as np
 FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
 SCALES = {"uint8": 255.0, "float32": 1.0, "float16": 1.0, "float64": 1.0}
+
+log = logging.getLogger(__name__)
 
 
 def open_hdf5(path: str, key: str = "source.path") -> h5py.File:
@@ -63,8 +66,8 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
         info = {
             "encoded": encoded,
             "layout": _layout(images, layout, path) if not encoded else "hwc",
-            "scale": SCALES[str(dtype)] if dtype else (255.0 if images.dtype.kind in "ui" else 1.0),
-            "classes": _read_classes(f, labels),
+            "scale": 1.0 if encoded else _scale(images, dtype, f"{key} '{path}'"),
+            "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
             "n": len(labels),
             "mapped": _mappable(images) if not encoded else None,
         }
@@ -93,8 +96,82 @@ def _layout(images, layout: str, path: str) -> str:
     )
 
 
-def _read_classes(f: h5py.File, labels) -> list[str]:
+def _read_classes(f: h5py.File, labels, where: str) -> list[str]:
     if "classes" in f.attrs:
         return list(json.loads(f.attrs["classes"]))
-    top = int(np.max(labels[:])) if len(labels) else -1
+    values = check_labels(labels[:], None, where)
+    top = int(np.max(values)) if len(values) else -1
     return [str(c) for c in range(top + 1)]
+
+
+def check_labels(values, num_classes: int | None, where: str) -> np.ndarray:
+    """``values`` as int64 class indices, or an error naming ``where``, the first bad value and its row:
+    non-integer labels (0.7), negative ones, and, with ``num_classes``, ones out of range."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        bad = np.flatnonzero(values != np.floor(values))
+        if len(bad):
+            raise ValueError(
+                f"{where} holds non-integer labels ({len(bad)} of {len(values)}; first: {values[bad[0]].item()!r} at "
+                f"row {bad[0]}): class labels must be whole numbers; fix the file or set source.labels_key"
+            )
+    elif values.dtype.kind not in "ui":
+        raise ValueError(
+            f"{where} has dtype {values.dtype}, not integer class labels (set source.labels_key)"
+        )
+    values = values.astype(np.int64, copy=False)
+    problems = [(values < 0, "negative")]
+    if num_classes is not None:
+        problems.append(
+            (values >= num_classes, f"out of range for {num_classes} classes (0..{num_classes - 1})")
+        )
+    for mask, what in problems:
+        bad = np.flatnonzero(mask)
+        if len(bad):
+            raise ValueError(
+                f"{where} holds {what} labels ({len(bad)} of {len(values)}; first: {values[bad[0]]} at row "
+                f"{bad[0]}): fix the file, or give the class names with source.classes=[...]"
+            )
+    return values
+
+
+SAMPLED_ROWS = 16  # rows read at open to find the value range of float images
+
+
+def _scale(images, dtype, where: str) -> float:
+    """What a stored value of 1.0 means: 255.0 for 0..255 data, 1.0 for 0..1. Integer arrays are 0..255.
+    Float arrays are sampled (SAMPLED_ROWS rows spread over the file): values above 1 mean 0..255, read as
+    such with a warning; values outside 0..255 (normalised arrays) cannot be images and are refused."""
+    if images.dtype.kind in "ui":
+        return SCALES[str(dtype)] if dtype else 255.0
+    n = len(images)
+    rows = np.unique(np.linspace(0, n - 1, min(n, SAMPLED_ROWS)).astype(np.int64)) if n else []
+    sample = [np.asarray(images[int(r)]) for r in rows]
+    low = min((float(np.min(x)) for x in sample), default=0.0)
+    high = max((float(np.max(x)) for x in sample), default=0.0)
+    if low < 0 or high > 255:
+        raise ValueError(
+            f"{where}: float images hold values in [{low:g}, {high:g}] (sampled {len(sample)} rows), neither "
+            f"0..1 nor 0..255: normalised arrays cannot be read as images; store them unnormalised"
+        )
+    if dtype:
+        scale = SCALES[str(dtype)]
+        if scale == 1.0 and high > 1.0:
+            log.warning(
+                "%s: source.dtype=%s reads values as 0..1, but they reach %g: most pixels will clip to white "
+                "(set source.dtype=uint8 to read them as 0..255)",
+                where,
+                dtype,
+                high,
+            )
+        return scale
+    if high > 1.0:
+        log.warning(
+            "%s: float images hold values up to %g (sampled %d rows): reading them as 0..255 "
+            "(set source.dtype=uint8 to say so, or source.dtype=float32 to read them as 0..1)",
+            where,
+            high,
+            len(sample),
+        )
+        return 255.0
+    return 1.0

@@ -1,0 +1,92 @@
+"""Foreign HDF5 files never become silently wrong data: value scales and labels are checked at open."""
+
+from __future__ import annotations
+
+import logging
+
+import h5py
+import numpy as np
+import pytest
+
+from feedline.datasets.hdf5 import HDF5Source
+
+
+def write(path, images, labels, **attrs):
+    with h5py.File(path, "w") as f:
+        f["images"] = images
+        f["labels"] = labels
+        f.attrs.update(attrs)
+    return path
+
+
+def float_images(high: float, n: int = 6) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return (rng.random((n, 3, 8, 8)) * high).astype(np.float32)
+
+
+def test_float_images_holding_0_to_255_are_read_as_such_with_a_warning(tmp_path, caplog):
+    images = float_images(255.0)
+    path = write(tmp_path / "f.h5", images, np.arange(6) % 2)
+    with caplog.at_level(logging.WARNING):
+        source = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c")
+    assert "source.dtype=uint8" in caplog.text and "up to" in caplog.text
+    payload, _ = source.split("train")[0]
+    expected = np.clip(np.rint(images[0]), 0, 255).astype(np.uint8)
+    assert np.array_equal(payload, expected)  # not clipped to white
+
+
+def test_float_images_in_0_to_1_are_read_quietly(tmp_path, caplog):
+    images = float_images(1.0)
+    path = write(tmp_path / "f.h5", images, np.arange(6) % 2)
+    with caplog.at_level(logging.WARNING):
+        payload, _ = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c").split("train")[0]
+    assert not caplog.text
+    assert np.array_equal(payload, np.rint(images[0] * 255).astype(np.uint8))
+
+
+def test_forcing_0_to_1_on_0_to_255_data_warns_about_clipping(tmp_path, caplog):
+    path = write(tmp_path / "f.h5", float_images(255.0), np.arange(6) % 2)
+    with caplog.at_level(logging.WARNING):
+        HDF5Source(path, val_fraction=0, dtype="float32", cache_dir=tmp_path / "c")
+    assert "clip" in caplog.text and "source.dtype=uint8" in caplog.text
+
+
+def test_normalised_float_arrays_are_refused(tmp_path):
+    path = write(tmp_path / "f.h5", float_images(2.0) - 1.0, np.arange(6) % 2)
+    with pytest.raises(ValueError, match=r"source.path '.*f.h5'.*values in \[-"):
+        HDF5Source(path, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize(
+    ("labels", "attrs", "message"),
+    [
+        (np.array([0, 1.7, 1, 0, 1, 0]), {}, r"non-integer labels .*first: 1.7 at row 1"),
+        (np.array([0, 1, -1, 0, 1, 0]), {}, r"negative labels .*first: -1 at row 2"),
+        (
+            np.array([0, 1, 2, 7, 1, 0]),
+            {"classes": '["a", "b", "c"]'},
+            r"out of range for 3 classes .*first: 7 at row 3",
+        ),
+    ],
+    ids=["float", "negative", "out-of-range"],
+)
+def test_bad_labels_are_named_with_file_key_and_first_value(tmp_path, labels, attrs, message):
+    path = write(tmp_path / "l.h5", np.zeros((6, 8, 8, 3), np.uint8), labels, **attrs)
+    with pytest.raises(ValueError, match=message) as err:
+        source = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c")
+        source.prepare()
+    assert "l.h5" in str(err.value) and "labels 'labels'" in str(err.value)
+
+
+def test_labels_beyond_given_class_names_are_refused(tmp_path):
+    path = write(tmp_path / "l.h5", np.zeros((4, 8, 8, 3), np.uint8), np.array([0, 1, 2, 3]))
+    source = HDF5Source(path, val_fraction=0, classes=["a", "b"], cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match="out of range for 2 classes"):
+        source.prepare()
+
+
+def test_whole_float_labels_are_accepted(tmp_path):
+    path = write(tmp_path / "l.h5", np.zeros((4, 8, 8, 3), np.uint8), np.array([0.0, 1.0, 2.0, 1.0]))
+    source = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c")
+    source.prepare()
+    assert [source.split("train")[i][1] for i in range(4)] == [0, 1, 2, 1]
