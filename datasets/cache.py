@@ -6,7 +6,8 @@
 The digest hashes what the cached content depends on (the absolute root, the extensions, a file's size
 and mtime), so two datasets never share a directory and a changed input gets a new one. Every file is
 written under a temporary name in the same directory and renamed into place: a reader sees the old file or
-the new one, never half of one, and a killed writer leaves only a hidden temporary behind.
+the new one, never half of one, and a killed writer leaves only a hidden temporary behind. Each file's
+checksum is recorded when it is written, so a file damaged later is found and rebuilt, never trusted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,8 @@ def cache_path(kind: str, name: str, key, cache_dir: str | os.PathLike | None = 
 
 
 def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
-    """``np.save`` to ``path`` atomically (parents created)."""
+    """``np.save`` to ``path`` atomically (parents created), with a checksum record beside it
+    (``<path>.sum``) that ``check_array`` verifies."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
@@ -57,7 +60,64 @@ def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
     except BaseException:
         _remove(tmp)
         raise
+    write_text(_sum_path(path), json.dumps(file_record(path)))
     return path
+
+
+def check_array(path: str | os.PathLike) -> str | None:
+    """Why the array cached at ``path`` cannot be trusted (missing, or changed since it was written), or
+    None. O(1) while the file is untouched; a changed file is checksummed."""
+    path = Path(path)
+    try:
+        record = json.loads(_sum_path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{path.name} has no checksum record" if path.exists() else f"{path.name} is missing"
+    except (OSError, ValueError) as err:
+        return f"its checksum record is unreadable ({err})"
+    return check_record(path, record)
+
+
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sum")
+
+
+# -- integrity: what a cache file was when it was written --------------------------------------------
+def crc32(path: str | os.PathLike) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def file_record(path: str | os.PathLike) -> dict:
+    """The checksum of a file just written, with the stat fields that tell, later, whether it was touched."""
+    st = os.stat(path)
+    return {"crc32": crc32(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+def check_record(path: str | os.PathLike, record: dict) -> str | None:
+    """None when ``path`` is still what ``record`` describes, else why not. A file whose size, mtime and
+    inode are unchanged is trusted without being read (it was checksummed when written), so a million-entry
+    index still loads in milliseconds; any write to it changes its mtime and gets it checksummed."""
+    name = os.path.basename(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"{name} is missing"
+    if (st.st_size, st.st_mtime_ns, st.st_ino) == (record["size"], record["mtime_ns"], record["ino"]):
+        return None
+    if st.st_size != record["size"]:
+        return f"{name} is {st.st_size} bytes, {record['size']} were written (truncated or overwritten)"
+    if crc32(path) != record["crc32"]:
+        return f"{name} changed after it was written (checksum mismatch)"
+    return None
+
+
+def json_checksum(document: dict) -> int:
+    """A checksum of a JSON document's content (its own ``checksum`` key left out)."""
+    body = {k: v for k, v in document.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape"))
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from feedline.datasets.cache import cache_path, save_array
+from feedline.datasets.cache import cache_path, check_array, save_array
 from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, check_labels, inspect_file, open_hdf5
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records
@@ -184,8 +184,11 @@ class HDF5Source:
         cache that does not read back as N labels in range is rebuilt, with a warning."""
         target = self._cache(path) / "labels.npy"
         n, classes = self._files[path]["n"], len(self.classes)
-        if target.exists():
+        if target.exists() or target.with_name(target.name + ".sum").exists():
             try:
+                reason = check_array(target)
+                if reason:
+                    raise ValueError(reason)
                 cached = np.load(target, mmap_mode="r")
                 if cached.shape != (n,) or cached.dtype != np.int64:
                     raise ValueError(f"shape {cached.shape}, dtype {cached.dtype}; expected ({n},) int64")

@@ -6,7 +6,8 @@ One directory per indexed root, under ``<cache_dir>/folder-index/``:
     offsets.npy  int64    N+1 offsets into paths.npy
     labels.npy   int16/32 N class indices
     dirs.json             [relative dir, mtime_ns] of every directory: the staleness signature
-    meta.json             root, classes, per-class counts, extensions, format version; written last
+    meta.json             root, classes, per-class counts, extensions, format version, a checksum of each
+                          file above and of itself; written last
 
 A build writes into a temporary directory beside the final one and renames it into place, so readers
 never see half an index and concurrent builders both end with a valid one. Readers map the arrays with
@@ -27,13 +28,20 @@ from pathlib import Path
 
 import numpy as np
 
-from feedline.datasets.cache import cache_path, check_refresh, stale_dirs
+from feedline.datasets.cache import (
+    cache_path,
+    check_record,
+    check_refresh,
+    file_record,
+    json_checksum,
+    stale_dirs,
+)
 from feedline.datasets.records import require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3  # 3: checksums of every file in meta.json
 # Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
 # window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
 RACY_WINDOW_NS = 50_000_000
@@ -126,23 +134,36 @@ def problem(directory: Path) -> str | None:
 
 
 def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
-    """(the index, None) when it is sound, else (None, why not): meta.json is read once."""
+    """(the index, None) when it is sound, else (None, why not). Checks, in O(1) file reads: meta.json's
+    own checksum, each file against the checksum recorded when it was written (``cache.check_record``), and
+    the invariants a few numpy passes can afford at 1M entries: array lengths, offsets spanning paths.npy,
+    labels in range, class-major order, and per-class counts as meta.json says."""
     meta_path = directory / "meta.json"
-    if not meta_path.exists():
-        return None, "missing"
+    if not meta_path.exists():  # no directory: never built (quietly); a directory without it: damaged
+        return None, "meta.json is missing" if directory.exists() else "missing"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
             return None, f"format {meta.get('format')!r}, expected {FORMAT}"
-        n = meta["num_samples"]
+        if meta.get("checksum") != json_checksum(meta):
+            return None, "meta.json changed after it was written (checksum mismatch)"
+        for name, record in meta["files"].items():
+            reason = check_record(directory / name, record)
+            if reason:
+                return None, reason
+        n, counts = meta["num_samples"], meta["counts"]
         index = FolderIndex(directory, meta)
         paths, offsets, labels = index.arrays
         if offsets.shape != (n + 1,) or labels.shape != (n,):
             return None, "array lengths disagree with meta.json"
         if offsets[0] != 0 or offsets[-1] != paths.shape[0] or (n and paths[-1] != 0):
             return None, "offsets do not span paths.npy"
-        if sum(meta["counts"]) != n or len(meta["counts"]) != len(meta["classes"]):
+        if sum(counts) != n or len(counts) != len(meta["classes"]):
             return None, "class counts disagree with meta.json"
+        if n and (labels[0] < 0 or labels[-1] >= len(counts) or np.any(labels[1:] < labels[:-1])):
+            return None, "labels.npy is not in class-major order within the classes"
+        if n and not np.array_equal(np.bincount(labels, minlength=len(counts)), counts):
+            return None, "labels.npy disagrees with the class counts in meta.json"
         index.dirs()  # parsed here, once: a garbled signature means rebuild
     except Exception as err:  # any unreadable piece means: rebuild, never crash
         return None, f"{type(err).__name__}: {err}"
@@ -218,6 +239,7 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "labels.npy", labels)
     (tmp / "dirs.json").write_text(json.dumps(scan.dirs), encoding="utf-8")
+    files = ("paths.npy", "offsets.npy", "labels.npy", "dirs.json")
     meta = {
         "format": FORMAT,
         "root": root,
@@ -228,7 +250,9 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
         "scan_started_ns": started,
         "build_seconds": round(seconds, 3),
         "symlink_loops": scan.loops,
+        "files": {name: file_record(tmp / name) for name in files},  # checksums, checked on every load
     }
+    meta["checksum"] = json_checksum(meta)
     (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")  # last
     return meta
 

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 
-from feedline.datasets.cache import cache_path, check_refresh, stale_dirs, write_text
+from feedline.datasets.cache import cache_path, check_refresh, json_checksum, stale_dirs, write_text
 from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
 from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
@@ -23,7 +23,7 @@ from feedline.datasets.splits import check_fraction, subset_for
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: with a checksum of its content
 
 
 class LazyFolderRecords(Records):
@@ -109,6 +109,7 @@ class LazyFolderSource:
         self._manifest = self._load_manifest() if self.refresh != "always" else None
         if self._manifest is None:
             self._manifest = self._build_manifest()
+            self._manifest["checksum"] = json_checksum(self._manifest)
             write_text(self.manifest_dir / "manifest.json", json.dumps(self._manifest, ensure_ascii=False))
 
     def _load_manifest(self) -> dict | None:
@@ -117,7 +118,11 @@ class LazyFolderSource:
             manifest = json.loads(path.read_text(encoding="utf-8"))
             if manifest.get("format") != MANIFEST_FORMAT or manifest["root"] != self.root:
                 raise ValueError("written for another format or root")
+            if manifest.get("checksum") != json_checksum(manifest):
+                raise ValueError("it changed after it was written (checksum mismatch)")
         except FileNotFoundError:
+            if path.parent.exists() and any(path.parent.glob("split-*")):  # used before: the manifest went
+                log.warning("lazy_folder manifest %s is missing; rebuilding it", path)
             return None
         except (ValueError, KeyError, OSError) as err:
             log.warning("lazy_folder manifest %s is unusable (%s); rebuilding it", path, err)

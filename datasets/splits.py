@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feedline.datasets.cache import save_array
+from feedline.datasets.cache import check_array, save_array
 from feedline.datasets.records import InMemoryArray, LazyArray
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
     directory = Path(directory)
     tag = f"split-{seed}-{fraction:.6g}"
     paths = {part: directory / f"{tag}-{part}.npy" for part in ("train", "val")}
-    if not paths[name].exists() or not _sound(paths, counts, fraction):
+    first_use = not any(p.exists() or p.with_name(p.name + ".sum").exists() for p in paths.values())
+    if first_use or not _sound(paths, counts, fraction):
         for part, rows in zip(("train", "val"), stratified_split(counts, fraction, seed, order)):
             save_array(paths[part], rows)
     return LazyArray(paths[name])
@@ -76,6 +77,10 @@ def _sound(paths: dict, counts, fraction: float) -> bool:
     total = int(counts.sum())
     val_size = int(sum(round(fraction * int(n)) for n in counts))
     try:
+        for path in paths.values():
+            reason = check_array(path)
+            if reason:
+                raise ValueError(reason)
         train, val = (np.load(paths[part], mmap_mode="r") for part in ("train", "val"))
         for part, rows, size in (("train", train, total - val_size), ("val", val, val_size)):
             if rows.shape != (size,) or rows.dtype != np.int64:
