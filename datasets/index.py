@@ -250,6 +250,8 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
         "scan_started_ns": started,
         "build_seconds": round(seconds, 3),
         "symlink_loops": scan.loops,
+        "unreadable_dirs": scan.unreadable,
+        "skipped_entries": scan.odd,
         "files": {name: file_record(tmp / name) for name in files},  # checksums, checked on every load
     }
     meta["checksum"] = json_checksum(meta)

@@ -8,6 +8,7 @@ list, and opens memory maps lazily in the process that reads.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -37,10 +38,14 @@ class Source(Protocol):
 
 
 def read_bytes(path: str) -> np.ndarray:
-    """The file's bytes as a writable uint8 array (torchvision decoders take it without a copy)."""
-    fd = os.open(path, os.O_RDONLY)  # half the cost of np.fromfile for small files, which are most of them
+    """The file's bytes as a writable uint8 array (torchvision decoders take it without a copy). Opened
+    non-blocking, so a FIFO where an image should be is an error, not a reader blocked forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # half the cost of np.fromfile for small files
     try:
-        buffer = bytearray(os.fstat(fd).st_size)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        buffer = bytearray(st.st_size)
         if os.readv(fd, [buffer]) != len(buffer):
             raise OSError(f"{path}: file changed size while it was read")
     finally:

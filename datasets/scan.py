@@ -168,7 +168,22 @@ class ClassScan:
     paths: bytes = b""
     count: int = 0
     dirs: list[tuple[str, int]] = field(default_factory=list)  # (relative dir, mtime_ns)
-    loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor
+    loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor (or the root)
+    unreadable: list[str] = field(default_factory=list)  # directories that could not be listed
+    odd: list[str] = field(default_factory=list)  # entries that are neither directories nor regular files
+
+
+@functools.lru_cache(maxsize=64)
+def _identities_above(root: str) -> frozenset:
+    """(st_dev, st_ino) of ``root`` and of every directory above it: a link to any of them is a loop."""
+    found, path = set(), os.path.realpath(root)
+    while True:
+        st = os.stat(path)
+        found.add((st.st_dev, st.st_ino))
+        parent = os.path.dirname(path)
+        if parent == path:
+            return frozenset(found)
+        path = parent
 
 
 def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
@@ -177,21 +192,32 @@ def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
     top = os.path.join(root, name)
     st = os.stat(top)
     result.dirs.append((name, st.st_mtime_ns))
-    # Depth-first over (absolute dir, relative dir, identities of the dirs above it): a directory whose
-    # (st_dev, st_ino) is one of its ancestors' is a symlink loop; walking it would never end.
-    stack = [(top, name, frozenset({(st.st_dev, st.st_ino)}))]
+    # Depth-first over (absolute dir, relative dir, identities of the dirs above it, the root's included): a
+    # directory whose (st_dev, st_ino) is one of those is a symlink loop, which would index samples again
+    # under another class, or never end.
+    stack = [(top, name, _identities_above(root) | {(st.st_dev, st.st_ino)})]
     while stack:
         path, rel, ancestors = stack.pop()
         try:
             with os.scandir(path) as it:
                 entries = list(it)
-        except OSError as err:  # os.walk (and so ImageFolder) skips unreadable directories too
+        except OSError as err:  # left out of this index, and listed again on the next load (see dirs)
             log.warning("cannot list %s: %s", path, err)
+            result.unreadable.append(rel)
             continue
         try:
             is_dir = list(map(os.DirEntry.is_dir, entries))
         except OSError:
             is_dir = list(map(_is_dir, entries))
+        # FIFOs, sockets, devices and dangling links are no images (a FIFO would block a reader forever):
+        # left out, and reported. The check runs in C unless the directory has something other than files.
+        if not _all_files(entries):
+            odd = [e for e, d in zip(entries, is_dir) if not d and not _is_file(e)]
+            if odd:
+                result.odd.extend(f"{rel}/{e.name}" for e in odd if _matching([e.name], name_filter))
+                skip = {id(e) for e in odd}
+                is_dir = [d for e, d in zip(entries, is_dir) if id(e) not in skip]
+                entries = [e for e in entries if id(e) not in skip]
         if any(is_dir):
             names = [e.name for e, d in zip(entries, is_dir) if not d]
             for entry in (e for e, d in zip(entries, is_dir) if d and not e.name.startswith(".")):
@@ -213,7 +239,24 @@ def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
     groups.sort(key=lambda group: group[0])
     text = "".join(f"{rel}/" + f"\0{rel}/".join(names) + "\0" for rel, names in groups)
     result.paths = text.encode("utf-8", "surrogateescape")
+    if result.unreadable:  # an impossible mtime: the next load sees these as changed and lists them again
+        unreadable = set(result.unreadable)
+        result.dirs = [(d, -1 if d in unreadable else m) for d, m in result.dirs]
     return result
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()  # from d_type; stats only for links and unknown types
+    except OSError:
+        return False
+
+
+def _all_files(entries: list[os.DirEntry]) -> bool:
+    try:
+        return all(map(os.DirEntry.is_file, entries))
+    except OSError:
+        return False
 
 
 @dataclass
@@ -222,6 +265,8 @@ class TreeScan:
     scans: list[ClassScan]
     dirs: list[tuple[str, int]]
     loops: list[str]
+    unreadable: list[str] = field(default_factory=list)
+    odd: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> list[int]:
@@ -260,15 +305,28 @@ def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
         if gc_was_enabled:
             gc.enable()
     dirs: list[tuple[str, int]] = [("", root_mtime)]
-    loops: list[str] = []
+    found = TreeScan(classes, scans, dirs, [])
     for scan in scans:
         dirs.extend(scan.dirs)
-        loops.extend(scan.loops)
-    for loop in loops:
-        log.warning(
-            "skipping symlink loop %s (it points back at a folder above it)", os.path.join(root, loop)
-        )
-    return TreeScan(classes, scans, dirs, loops)
+        found.loops.extend(scan.loops)
+        found.unreadable.extend(scan.unreadable)
+        found.odd.extend(scan.odd)
+    _report(root, "symlink loop(s) skipped (they point back at the root or a folder above)", found.loops)
+    _report(
+        root, "folder(s) could not be listed: left out now, listed again on the next load", found.unreadable
+    )
+    _report(
+        root,
+        "entries skipped: image names, but not regular files (FIFOs, sockets, dangling links)",
+        found.odd,
+    )
+    return found
+
+
+def _report(root: str, what: str, items: list[str], shown: int = 5) -> None:
+    if items:
+        paths = ", ".join(os.path.join(root, item) for item in items[:shown])
+        log.warning("%s: %d %s: %s%s", root, len(items), what, paths, " ..." if len(items) > shown else "")
 
 
 # A worker runs this very file as a script (it imports only the standard library), so it starts in
@@ -333,7 +391,7 @@ def _worker_main() -> None:
     for i, name in tasks:
         scan = scan_class(name, root, name_filter)
         # Plain fields, not the dataclass: here it is __main__.ClassScan, which the parent cannot unpickle.
-        fields = (scan.paths, scan.count, scan.dirs, scan.loops)
+        fields = (scan.paths, scan.count, scan.dirs, scan.loops, scan.unreadable, scan.odd)
         pickle.dump((i, fields), out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 

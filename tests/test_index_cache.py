@@ -125,9 +125,69 @@ def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         index = open_index(root, cache_dir=tmp_path / "cache")
     samples = _samples(index)
-    assert ("a/1.png", 0) in samples and ("b/top/a/1.png", 1) in samples  # b/top -> root is no loop for b
-    assert not any("back/" in p for p, _ in samples)
-    assert "symlink loop" in caplog.text and "a/sub/back" in caplog.text
+    # b/top -> the root would index class a's images again, under label b: a loop like any other
+    assert samples == [("a/1.png", 0), ("a/sub/2.png", 0), ("b/3.png", 1)]
+    assert "symlink loop" in caplog.text and "a/sub/back" in caplog.text and "b/top" in caplog.text
+
+
+def test_a_link_to_a_folder_above_the_root_is_a_loop_too(tmp_path, caplog):
+    root = make_tree(tmp_path / "data" / "t", {"a": ["1.png"], "b": ["2.png"]})
+    os.symlink(tmp_path / "data", os.path.join(root, "b", "up"))
+    with caplog.at_level(logging.WARNING):
+        assert _samples(open_index(root, cache_dir=tmp_path / "cache")) == [("a/1.png", 0), ("b/2.png", 1)]
+    assert "b/up" in caplog.text
+
+
+def test_a_fifo_named_like_an_image_is_skipped_and_reported(tmp_path, caplog):
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png"]})
+    os.mkfifo(os.path.join(root, "a", "x.jpg"))
+    with caplog.at_level(logging.WARNING):
+        index = open_index(root, cache_dir=tmp_path / "cache")
+    assert _samples(index) == [("a/1.png", 0), ("b/2.png", 1)]
+    assert "not regular files" in caplog.text and "a/x.jpg" in caplog.text
+
+
+def test_reading_a_fifo_is_an_error_not_a_hang(tmp_path):
+    from feedline.datasets.records import read_bytes
+
+    os.mkfifo(tmp_path / "x.jpg")
+    with pytest.raises(OSError, match="not a regular file"):
+        read_bytes(str(tmp_path / "x.jpg"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root lists every folder, whatever its mode")
+def test_a_folder_that_could_not_be_listed_is_listed_again_next_time(tmp_path, caplog):
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png", "sub/3.png"]})
+    sub = os.path.join(root, "b", "sub")
+    os.chmod(sub, 0)
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert _samples(open_index(root, cache_dir=tmp_path / "cache")) == [
+                ("a/1.png", 0),
+                ("b/2.png", 1),
+            ]
+        assert "could not be listed" in caplog.text and "b/sub" in caplog.text
+    finally:
+        os.chmod(sub, 0o755)  # chmod changes the ctime, not the mtime that staleness compares
+    assert _samples(open_index(root, cache_dir=tmp_path / "cache"))[-1] == ("b/sub/3.png", 1)
+
+
+def test_an_unreadable_folder_forces_a_rescan(tmp_path, monkeypatch):
+    """The same as above, for a root user too: a listing that fails once is recorded as never seen."""
+    import feedline.datasets.scan as scan
+
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png", "sub/3.png"]})
+    real = os.scandir
+
+    def failing(path):
+        if str(path).endswith(os.path.join("b", "sub")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(scan.os, "scandir", failing)
+    assert _samples(open_index(root, cache_dir=tmp_path / "cache", workers=1))[-1] == ("b/2.png", 1)
+    monkeypatch.setattr(scan.os, "scandir", real)
+    assert _samples(open_index(root, cache_dir=tmp_path / "cache", workers=1))[-1] == ("b/sub/3.png", 1)
 
 
 def test_parity_with_imagefolder_holds_after_a_rebuild(tmp_path, tree):
