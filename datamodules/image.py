@@ -45,6 +45,7 @@ class ImageDataModule(L.LightningDataModule):
         multiprocessing_context: str | None = _DEFAULTS.multiprocessing_context,
         drop_last: bool = _DEFAULTS.drop_last,
         reduced_decode: bool = _DEFAULTS.reduced_decode,
+        max_pixels: int | None = _DEFAULTS.max_pixels,
     ):
         super().__init__()
         self.source = source
@@ -60,6 +61,7 @@ class ImageDataModule(L.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
+        self.max_pixels = max_pixels
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
@@ -86,7 +88,11 @@ class ImageDataModule(L.LightningDataModule):
             if split not in self.datasets:
                 transform = self.transforms.train if split == "train" else self.transforms.eval
                 self.datasets[split] = SampleDataset(
-                    self.source.split(split), transform, self.on_bad_sample, self.reduced_decode
+                    self.source.split(split),
+                    transform,
+                    self.on_bad_sample,
+                    self.reduced_decode,
+                    self.max_pixels,
                 )
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
 

@@ -39,3 +39,4 @@ class DataConfig:
     multiprocessing_context: Optional[str] = None  # noqa: UP045 - fork, spawn, forkserver; null: the default
     drop_last: bool = False
     reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much
+    max_pixels: Optional[int] = None  # noqa: UP045 - an image claiming more is a bad sample; null: PIL's limit, 0: none

@@ -32,12 +32,18 @@ class SampleDataset(Dataset):
     """
 
     def __init__(
-        self, records, transform: Callable | None = None, on_bad_sample="skip", reduced_decode: bool = True
+        self,
+        records,
+        transform: Callable | None = None,
+        on_bad_sample="skip",
+        reduced_decode: bool = True,
+        max_pixels: int | None = None,
     ):
         self.records = records
         self.transform = transform
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.reduced_decode = bool(reduced_decode)
+        self.max_pixels = max_pixels
         self._floor = None
 
     def __getstate__(self):
@@ -64,7 +70,7 @@ class SampleDataset(Dataset):
 
     def decode(self, payload):
         """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it."""
-        return decode(payload, self.floor)
+        return decode(payload, self.floor, self.max_pixels)
 
     def augment(self, image):
         """The per-sample transform stack."""

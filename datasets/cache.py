@@ -13,9 +13,12 @@ checksum is recorded when it is written, so a file damaged later is found and re
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
+import socket
 import tempfile
 import zlib
 from pathlib import Path
@@ -47,6 +50,43 @@ def cache_path(kind: str, name: str, key, cache_dir: str | os.PathLike | None = 
     return base / f"{safe[:40]}-{digest}"
 
 
+def disk_full(err: OSError, directory) -> OSError:
+    """``err`` as it is, unless the disk is full: then an error that names the cache directory and how to
+    move it."""
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return err
+    return OSError(
+        err.errno,
+        f"the cache directory {directory} is full ({err.strerror}): free space there, or move the cache with "
+        f"paths.cache_dir=/other/disk (source.cache_dir for one source) or FEEDLINE_CACHE_DIR=/other/disk",
+    )
+
+
+def temporary_prefix(name: str) -> str:
+    """The prefix of a temporary that ``remove_stale`` can trace to its writer: ``.<name>.tmp-<host>-<pid>-``."""
+    return f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_stale(directory: Path, name: str) -> None:
+    """Remove the temporaries of ``name`` left in ``directory`` by writers on this host that are gone (a
+    build killed mid-write). Those of live writers, and of other hosts sharing the disk, stay."""
+    host = socket.gethostname()
+    for entry in directory.glob(f".{name}.tmp-{host}-*-*"):
+        pid = entry.name[len(f".{name}.tmp-{host}-") :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else _remove(str(entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
     """``np.save`` to ``path`` atomically (parents created), with a checksum record beside it
     (``<path>.sum``) that ``check_array`` verifies."""
@@ -57,6 +97,9 @@ def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
         with os.fdopen(fd, "wb") as f:
             np.save(f, array)
         os.replace(tmp, path)
+    except OSError as err:
+        _remove(tmp)
+        raise disk_full(err, path.parent) from err
     except BaseException:
         _remove(tmp)
         raise
@@ -129,6 +172,9 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as err:
+        _remove(tmp)
+        raise disk_full(err, path.parent) from err
     except BaseException:
         _remove(tmp)
         raise

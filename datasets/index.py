@@ -32,9 +32,12 @@ from feedline.datasets.cache import (
     cache_path,
     check_record,
     check_refresh,
+    disk_full,
     file_record,
     json_checksum,
+    remove_stale,
     stale_dirs,
+    temporary_prefix,
 )
 from feedline.datasets.records import require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
@@ -187,9 +190,13 @@ def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
         scan.dirs = [(d, -1 if d in racy else m) for d, m in scan.dirs]
     _check_not_empty(root, scan, extensions)
     seconds = (time.time_ns() - started) / 1e9
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=_ensure_dir(dest.parent)))
+    remove_stale(_ensure_dir(dest.parent), dest.name)  # what a killed build left behind
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(dest.name), dir=dest.parent))
     try:
-        meta = _write(tmp, root, extensions, scan, started, seconds)
+        try:
+            meta = _write(tmp, root, extensions, scan, started, seconds)
+        except OSError as err:
+            raise disk_full(err, dest.parent) from err
         # Mapped before it is published: the maps hold the files themselves, so they stay valid even if a
         # concurrent builder later replaces the directory (reading it lazily from dest would race that).
         ours = FolderIndex(tmp, meta)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import logging
+import os
 
 import numpy as np
 import pytest
@@ -60,3 +62,47 @@ def test_lossless_rgb_round_trips_exactly():
 def test_corrupt_payloads_raise_decode_error(data):
     with pytest.raises(DecodeError):
         decode(np.frombuffer(data, dtype=np.uint8))
+
+
+def _bomb_png(width: int, height: int) -> bytes:
+    """A valid PNG header claiming ``width`` x ``height`` pixels, followed by nothing worth decoding."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return b"\x89PNG\r\n\x1a\n" + chunk
+
+
+def test_a_decompression_bomb_is_refused_from_its_header():
+    from feedline.transforms.decode import DecodeError, decode
+
+    with pytest.raises(DecodeError, match=r"30000x30000 = 900,000,000 pixels.*data\.max_pixels"):
+        decode(np.frombuffer(_bomb_png(30000, 30000), np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP"])
+def test_the_pixel_limit_reads_each_format_header(fmt):
+    from feedline.transforms.decode import DecodeError, decode, image_size
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(buffer, fmt)
+    data = np.frombuffer(buffer.getvalue(), np.uint8)
+    assert image_size(data, data[:12].tobytes()) == (30, 40)
+    assert decode(data, max_pixels=1200).shape == (3, 30, 40)  # at the limit: decoded
+    with pytest.raises(DecodeError, match="1,200 pixels, over the limit of 1,199"):
+        decode(data, max_pixels=1199)
+
+
+def test_a_bomb_in_a_tree_is_a_bad_sample(tmp_path, caplog):
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.folder import FolderSource
+    from tests.helpers import make_tree
+
+    root = make_tree(tmp_path / "t", {"a": ["0.png", "1.png"], "b": ["2.png"]})
+    with open(os.path.join(root, "a", "1.png"), "wb") as f:
+        f.write(_bomb_png(30000, 30000))
+    records = FolderSource(root, val_fraction=0, cache_dir=tmp_path / "c").split("train")
+    with caplog.at_level(logging.WARNING):
+        image, label = SampleDataset(records)[1]
+    assert "a/1.png" in caplog.text and "pixels" in caplog.text and image.shape[1:] == (10, 12)

@@ -8,6 +8,7 @@ grayscale and palette are expanded, alpha dropped, CMYK converted, 16-bit scaled
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 
 import numpy as np
@@ -21,6 +22,9 @@ from feedline.transforms.reduce import reduction
 # remain the fastest image decoders installed with torchvision, so feedline keeps them quiet.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
+# PIL's limit (twice Image.MAX_IMAGE_PIXELS, where it raises DecompressionBombError): the convention.
+MAX_PIXELS = 178_956_970
+
 _TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
 
 
@@ -32,12 +36,14 @@ def _torchvision_reads(head: bytes) -> bool:
     return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
 
 
-def decode(payload, floor=None) -> torch.Tensor:
+def decode(payload, floor=None, max_pixels: int | None = None) -> torch.Tensor:
     """Payload -> uint8 (3, H, W) tensor. Encoded bytes (numpy uint8 array, bytes or uint8 tensor) are
     decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB.
 
     ``floor`` (from ``transforms.reduce.minimum_size``) lets a JPEG decode at 1/2, 1/4 or 1/8 scale when
-    the image stays at or above the size the first transform needs."""
+    the image stays at or above the size the first transform needs. An image whose header says it has more
+    than ``max_pixels`` pixels (None: MAX_PIXELS, PIL's limit; 0: no limit) is refused before it is decoded:
+    a small file can claim a huge image (a decompression bomb)."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         payload = np.frombuffer(payload, dtype=np.uint8)
     data = torch.as_tensor(payload)
@@ -55,8 +61,17 @@ def decode(payload, floor=None) -> torch.Tensor:
     if data.numel() == 0:
         raise DecodeError("empty file")
     head = data[:12].numpy().tobytes()
+    size = image_size(data.numpy(), head)
+    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if size is not None and limit and size[0] * size[1] > limit:
+        raise DecodeError(
+            f"the image claims {size[1]}x{size[0]} = {size[0] * size[1]:,} pixels, over the limit of "
+            f"{limit:,} (data.max_pixels): a decompression bomb, or raise data.max_pixels"
+        )
     try:
-        factor = _jpeg_reduction(data, head, floor) if floor is not None else 1
+        factor = (
+            reduction(floor, *size) if floor is not None and size and head.startswith(b"\xff\xd8\xff") else 1
+        )
         if factor > 1:
             image = _decode_pil(data, factor)
         elif _torchvision_reads(head):
@@ -72,11 +87,32 @@ def decode(payload, floor=None) -> torch.Tensor:
     return image
 
 
-def _jpeg_reduction(data: torch.Tensor, head: bytes, floor) -> int:
-    if not head.startswith(b"\xff\xd8\xff"):
-        return 1
-    size = jpeg_size(data.numpy())
-    return reduction(floor, *size) if size else 1
+def image_size(data: np.ndarray, head: bytes) -> tuple[int, int] | None:
+    """(height, width) from the header of a JPEG, PNG, GIF or WebP, without decoding; None for other formats
+    (PIL reads those, and applies its own pixel limit) or a header too short to tell."""
+    try:
+        if head.startswith(b"\xff\xd8\xff"):
+            return jpeg_size(data)
+        buf = memoryview(data)
+        if head.startswith(b"\x89PNG\r\n\x1a\n") and len(buf) >= 24:
+            width, height = struct.unpack(">II", buf[16:24])
+            return height, width
+        if head[:6] in (b"GIF87a", b"GIF89a") and len(buf) >= 10:
+            width, height = struct.unpack("<HH", buf[6:10])
+            return height, width
+        if head[:4] == b"RIFF" and head[8:12] == b"WEBP" and len(buf) >= 30:
+            chunk = bytes(buf[12:16])
+            if chunk == b"VP8X":
+                return 1 + int.from_bytes(buf[27:30], "little"), 1 + int.from_bytes(buf[24:27], "little")
+            if chunk == b"VP8 ":
+                width, height = struct.unpack("<HH", buf[26:30])
+                return height & 0x3FFF, width & 0x3FFF
+            if chunk == b"VP8L":
+                bits = int.from_bytes(buf[21:25], "little")
+                return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    except (IndexError, struct.error):
+        return None
+    return None
 
 
 # Start-of-frame markers: every SOFn except DHT (C4), JPG (C8) and DAC (CC).

@@ -8,9 +8,11 @@ Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -28,15 +30,30 @@ from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
 # -- worker side ----------------------------------------------------------------------------------------
 _records = None
 _options: HDF5WriteOptions | None = None
 
 
-def _init(records, options: HDF5WriteOptions) -> None:
+def _init(records, options: HDF5WriteOptions, parent: int) -> None:
     global _records, _options
+    _die_with(parent)
     _records, _options = records, options
     torch.set_num_threads(1)
+
+
+def _die_with(parent: int) -> None:
+    """Make this worker exit when ``parent`` dies, ``kill -9`` included: Linux's parent-death signal, and a
+    check for a parent that died before it was set. Elsewhere the pool's own shutdown is all there is."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _shrink(image: torch.Tensor, max_side: int) -> torch.Tensor:
@@ -93,7 +110,9 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
             labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
             tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
             with (
-                ProcessPoolExecutor(workers, initializer=_init, initargs=(records, options)) as pool,
+                ProcessPoolExecutor(
+                    workers, initializer=_init, initargs=(records, options, os.getpid())
+                ) as pool,
                 tqdm(total=n, desc=f"converting to {os.path.basename(out_path)}", unit="img") as bar,
             ):
                 for results in pool.map(_prepare_chunk, tasks):

@@ -1,0 +1,95 @@
+"""Faults around the data rather than in it: full disks, killed builds and conversions, bad loader knobs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import feedline.datasets.index as index_module
+from feedline.datasets.cache import temporary_prefix
+from feedline.datasets.index import index_dir, open_index
+from tests.helpers import make_tree, simple_tree
+
+
+def test_a_full_disk_names_the_cache_directory_and_how_to_move_it(tmp_path, monkeypatch):
+    root = simple_tree(tmp_path / "t")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(index_module.np, "save", full)
+    with pytest.raises(
+        OSError, match=r"cache directory .*folder-index is full .*paths\.cache_dir=.*FEEDLINE_CACHE_DIR"
+    ):
+        open_index(root, cache_dir=tmp_path / "cache")
+
+
+def test_a_full_disk_under_a_split_cache_says_the_same(tmp_path, monkeypatch):
+    from feedline.datasets import cache
+    from feedline.datasets.folder import FolderSource
+
+    source = FolderSource(simple_tree(tmp_path / "t"), cache_dir=tmp_path / "cache")
+    source.prepare()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache.np, "save", full)
+    with pytest.raises(OSError, match=r"is full .*FEEDLINE_CACHE_DIR"):
+        source.split("val")
+    assert not [p for p in (tmp_path / "cache").rglob(".split*")]  # no temporary left behind
+
+
+def test_temporaries_of_a_killed_build_are_removed_by_the_next(tmp_path):
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png"]})
+    dest = index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")
+    dest.parent.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = dest.parent / temporary_prefix(dest.name).replace(f"-{os.getpid()}-", f"-{dead.pid}-")
+    stale = stale.with_name(stale.name + "abc")
+    (stale).mkdir()
+    (stale / "paths.npy").write_bytes(b"half")
+    live = dest.parent / (temporary_prefix(dest.name) + "xyz")  # this process: a build still running
+    live.mkdir()
+    open_index(root, cache_dir=tmp_path / "cache")
+    assert not stale.exists() and live.exists()
+
+
+@pytest.mark.slow
+def test_conversion_workers_exit_when_the_converter_is_killed(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    script = f"""
+import os, time
+from feedline.writers.hdf5 import convert
+from feedline.writers.options import HDF5WriteOptions
+
+class Slow:
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        raise OSError("unreadable")
+    def describe(self, i): return str(i)
+
+print(os.getpid(), flush=True)
+convert(Slow(), ["a"], HDF5WriteOptions(path={str(tmp_path / "out.h5")!r}, workers=2, chunk=4))
+"""
+    main = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    parent = psutil.Process(int(main.stdout.readline()))
+    deadline = time.time() + 60
+    while len(parent.children()) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    workers = parent.children()
+    assert len(workers) >= 2
+    os.kill(parent.pid, signal.SIGKILL)
+    main.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    for proc in alive:
+        proc.kill()
+    assert not alive, f"{len(alive)} conversion worker(s) outlived their parent"
