@@ -47,6 +47,8 @@ def _init(records, options: HDF5WriteOptions, parent: int) -> None:
 def _die_with(parent: int) -> None:
     """Make this worker exit when ``parent`` dies, ``kill -9`` included: Linux's parent-death signal, and a
     check for a parent that died before it was set. Elsewhere the pool's own shutdown is all there is."""
+    if os.getpid() == parent:  # run inline, in the converting process itself: nothing to tie
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
