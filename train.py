@@ -20,12 +20,14 @@ from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
 from feedline.cli.instantiate import instantiate, instantiate_all
+from feedline.cli.trainer_keys import check_trainer_keys
 
 log = logging.getLogger("feedline")
 
 
 def train(cfg: DictConfig) -> dict:
     """Fit ``cfg.model`` on ``cfg.data``; returns the run summary."""
+    check_trainer_keys(cfg.trainer)  # before any work: Lightning rejects some of them only mid-fit
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")
     model = instantiate(cfg.model, "model", num_classes=datamodule.num_classes)

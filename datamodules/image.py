@@ -16,7 +16,13 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
-from feedline.datamodules.knobs import per_device_batch_size, resolve_num_workers, resolve_pin_memory
+from feedline.datamodules.knobs import (
+    check_prefetch_factor,
+    check_steps,
+    per_device_batch_size,
+    resolve_num_workers,
+    resolve_pin_memory,
+)
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.samples import SampleDataset
 from feedline.transforms.collate import Batch, DefaultCollate
@@ -56,7 +62,7 @@ class ImageDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = bool(persistent_workers)
-        self.prefetch_factor = prefetch_factor
+        self.prefetch_factor = check_prefetch_factor(prefetch_factor)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.multiprocessing_context = multiprocessing_context
         self.drop_last = bool(drop_last)
@@ -97,7 +103,9 @@ class ImageDataModule(L.LightningDataModule):
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True, drop_last=self.drop_last)
+        loader = self._loader("train", shuffle=True, drop_last=self.drop_last)
+        check_steps(len(loader.dataset), loader.batch_size, self._world()[0], self.drop_last)
+        return loader
 
     def val_dataloader(self):
         if not len(self.datasets["val"]):

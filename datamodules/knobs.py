@@ -39,3 +39,27 @@ def per_device_batch_size(batch_size: int, global_batch_size: int | None, world_
             f"use a multiple of {world_size}, or set data.batch_size (per device) instead"
         )
     return global_batch_size // world_size
+
+
+def check_prefetch_factor(value) -> int | None:
+    """``data.prefetch_factor``: batches each worker keeps ready, >= 1 (null: torch's default)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"data.prefetch_factor={value!r} must be an integer >= 1 (or null): each worker keeps that many "
+            f"batches ready"
+        )
+    return value
+
+
+def check_steps(samples: int, batch_size: int, world_size: int, drop_last: bool) -> None:
+    """Fail before a run that would train zero steps: every rank's share of the split smaller than one
+    batch, with the incomplete batch dropped."""
+    per_rank = -(-samples // max(1, world_size))
+    if drop_last and per_rank < batch_size:
+        raise ValueError(
+            f"data.batch_size={batch_size} is larger than the {per_rank} training sample(s) each of "
+            f"{world_size} device(s) gets ({samples} in all), and data.drop_last=true drops that incomplete "
+            f"batch: training would run zero steps. Lower data.batch_size or set data.drop_last=false"
+        )

@@ -93,3 +93,48 @@ convert(Slow(), ["a"], HDF5WriteOptions(path={str(tmp_path / "out.h5")!r}, worke
     for proc in alive:
         proc.kill()
     assert not alive, f"{len(alive)} conversion worker(s) outlived their parent"
+
+
+def test_prefetch_factor_zero_names_the_key(make_cfg, tree):
+    from feedline.cli.instantiate import instantiate
+
+    cfg = make_cfg("source=folder", f"source.root={tree}", "data.prefetch_factor=0")
+    with pytest.raises(ValueError, match=r"data\.prefetch_factor=0 must be an integer >= 1"):
+        instantiate(cfg.data, "data")
+
+
+def test_a_batch_larger_than_the_split_with_drop_last_fails_naming_both(make_cfg, tree):
+    from feedline.train import train
+
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={tree}",
+        "source.val_fraction=0",
+        "data.batch_size=64",
+        "data.drop_last=true",
+        "data.num_workers=0",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+    )
+    with pytest.raises(
+        ValueError, match=r"data\.batch_size=64 is larger than the 18 training sample.*zero steps"
+    ):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.max_epochs=abc", r"trainer\.max_epochs='abc' must be an integer >= -1"),
+        ("trainer.devices=zero", r"trainer\.devices='zero' must be a count"),
+        ("+trainer.precision=17", r"trainer\.precision=17 must be one of"),
+        ("trainer.limit_train_batches=1.5", r"trainer\.limit_train_batches=1\.5 must be"),
+    ],
+)
+def test_common_trainer_keys_are_checked_before_any_work(make_cfg, tree, override, message, monkeypatch):
+    import feedline.train as train_module
+
+    monkeypatch.setattr(train_module, "instantiate", lambda *a, **k: pytest.fail("work started"))
+    cfg = make_cfg("source=folder", f"source.root={tree}", override)
+    with pytest.raises(ValueError, match=message):
+        train_module.train(cfg)
