@@ -9,13 +9,12 @@ on_after_batch_transfer()  the batch stack, on the device: uint8 -> float, norma
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import lightning as L
-from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
+from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.knobs import (
     check_prefetch_factor,
     check_steps,
@@ -25,6 +24,7 @@ from feedline.datamodules.knobs import (
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.samples import SampleDataset
+from feedline.datamodules.workers import WorkerInit
 from feedline.transforms.collate import Batch, DefaultCollate
 from feedline.transforms.stacks import TransformStacks
 
@@ -48,6 +48,7 @@ class ImageDataModule(L.LightningDataModule):
         persistent_workers: bool = _DEFAULTS.persistent_workers,
         prefetch_factor: int | None = _DEFAULTS.prefetch_factor,
         on_bad_sample: str | OnBadSample = _DEFAULTS.on_bad_sample,
+        max_bad_fraction: float = _DEFAULTS.max_bad_fraction,
         multiprocessing_context: str | None = _DEFAULTS.multiprocessing_context,
         drop_last: bool = _DEFAULTS.drop_last,
         reduced_decode: bool = _DEFAULTS.reduced_decode,
@@ -64,6 +65,7 @@ class ImageDataModule(L.LightningDataModule):
         self.persistent_workers = bool(persistent_workers)
         self.prefetch_factor = check_prefetch_factor(prefetch_factor)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
+        self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
         self.multiprocessing_context = multiprocessing_context
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
@@ -99,6 +101,7 @@ class ImageDataModule(L.LightningDataModule):
                     self.on_bad_sample,
                     self.reduced_decode,
                     self.max_pixels,
+                    self.max_bad_fraction,
                 )
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
 
@@ -144,14 +147,14 @@ class ImageDataModule(L.LightningDataModule):
             settings["persistent_workers"] = self.persistent_workers
             settings["prefetch_factor"] = self.prefetch_factor
             settings["multiprocessing_context"] = self.multiprocessing_context
-            # torch, random and numpy seeded from (loader seed, worker, rank): augmentations differ per
-            # worker and per rank, and repeat under the same seed, with or without a Trainer.
-            settings["worker_init_fn"] = partial(pl_worker_init_function, rank=rank)
+            # Seeds from (loader seed, worker, rank), with or without a Trainer; the run's log files.
+            settings["worker_init_fn"] = WorkerInit(rank)
         return settings
 
     def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
         if split not in self.datasets:
             self.setup("fit")
+        self.datasets[split].share_bad_samples()
         return DataLoader(
             self.datasets[split], shuffle=shuffle, drop_last=drop_last, **self.loader_settings()
         )

@@ -36,6 +36,7 @@ class DataConfig:
     persistent_workers: bool = True
     prefetch_factor: Optional[int] = 2  # noqa: UP045
     on_bad_sample: OnBadSample = OnBadSample.skip  # skip (report the path, train on) | raise
+    max_bad_fraction: float = 0.01  # skip: stop once more than this share of a split is unreadable
     multiprocessing_context: Optional[str] = None  # noqa: UP045 - fork, spawn, forkserver; null: the default
     drop_last: bool = False
     reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much

@@ -9,46 +9,51 @@ from collections.abc import Callable
 
 from torch.utils.data import Dataset
 
+from feedline.datamodules.bad_samples import BadSampleError, BadSamples, check_max_bad_fraction
+from feedline.datamodules.options import DataConfig as _DEFAULTS
 from feedline.datamodules.options import OnBadSample, parse_on_bad_sample
 from feedline.transforms.decode import DecodeError, decode
 from feedline.transforms.reduce import minimum_size
 
 log = logging.getLogger(__name__)
 
-# How many following samples a skipped one may be replaced by before the run is stopped.
-MAX_SUBSTITUTES = 16
-
-
-class BadSampleError(RuntimeError):
-    """A sample could not be read or decoded; the message names its path."""
-
 
 class SampleDataset(Dataset):
     """Reads ``records[i]``, decodes it and applies ``transform``.
 
-    A sample that cannot be read or decoded is reported by path. With ``on_bad_sample=skip`` it is
-    replaced by the next readable sample, so batch shapes (and DDP ranks) stay in step; with ``raise``
-    the error stops the run. Errors inside the transforms are configuration errors and always raise.
+    A sample that cannot be read or decoded is reported by path, once. With ``on_bad_sample=skip`` it is
+    replaced by the next readable sample, so batch shapes (and DDP ranks) stay in step, until more than
+    ``max_bad_fraction`` of the split has turned out bad (``bad_samples.py``); with ``raise`` the error
+    stops the run. Errors inside the transforms are configuration errors and always raise.
     """
 
     def __init__(
         self,
         records,
         transform: Callable | None = None,
-        on_bad_sample="skip",
-        reduced_decode: bool = True,
-        max_pixels: int | None = None,
+        on_bad_sample=_DEFAULTS.on_bad_sample,
+        reduced_decode: bool = _DEFAULTS.reduced_decode,
+        max_pixels: int | None = _DEFAULTS.max_pixels,
+        max_bad_fraction: float = _DEFAULTS.max_bad_fraction,
     ):
         self.records = records
         self.transform = transform
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.reduced_decode = bool(reduced_decode)
         self.max_pixels = max_pixels
+        self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
+        self.bad: BadSamples | None = None  # shared flags, set by the datamodule before workers start
         self._floor = None
+
+    def share_bad_samples(self) -> None:
+        """Put fresh bad-sample flags in shared memory, for the workers of the loader about to start."""
+        self.bad = BadSamples(len(self), self.max_bad_fraction, shared=True)
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_floor"] = None  # a closure over the transform: rebuilt in the process that reads
+        if state["bad"] is not None and not state["bad"].flags.is_shared():
+            state["bad"] = None  # this process's own flags: a new process keeps its own
         return state
 
     @property
@@ -104,17 +109,22 @@ class SampleDataset(Dataset):
                 raise BadSampleError(
                     f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
                 ) from err
-            log.warning("skipping bad sample %s: %s", path, err)
-            image, label = self._substitute(i, path)
+            self._flags().found(i, path, err)
+            image, label = self._substitute(i)
         return self.augment(image), label
 
-    def _substitute(self, i: int, path: str):
+    def _flags(self) -> BadSamples:
+        if self.bad is None:  # used without a datamodule: flags of this process alone
+            self.bad = BadSamples(len(self), self.max_bad_fraction)
+        return self.bad
+
+    def _substitute(self, i: int):
+        """The next readable sample after ``i``; each bad one met on the way counts against the budget."""
         n = len(self)
-        for k in range(1, min(MAX_SUBSTITUTES, n - 1) + 1):
+        for k in range(1, n):
+            j = (i + k) % n
             try:
-                return self._decode((i + k) % n)
+                return self._decode(j)
             except (OSError, DecodeError) as err:
-                log.warning("skipping bad sample %s: %s", self.records.describe((i + k) % n), err)
-        raise BadSampleError(
-            f"bad sample {path}, and the {MAX_SUBSTITUTES} samples after it are unreadable too: check the data"
-        )
+                self._flags().found(j, self.records.describe(j), err)
+        raise BadSampleError(f"every sample of this split is unreadable ({n}): check the data")

@@ -108,3 +108,99 @@ def test_train_skips_corrupt_image_by_default(make_cfg, corrupt_tree):
         "transforms=digits",
     )
     assert train(cfg)["metrics"]["train/loss"] > 0
+
+
+def _tree_with_bad_files(tmp_path, good: int, bad: list[int]) -> str:
+    root = make_tree(tmp_path / "t", {"a": [f"{i:03d}.png" for i in range(good)]})
+    for i in bad:
+        with open(os.path.join(root, "a", f"{i:03d}.png"), "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n truncated by a failed copy")
+    return root
+
+
+def test_a_few_bad_files_stay_within_the_budget(tmp_path):
+    root = _tree_with_bad_files(tmp_path, 100, [10, 40, 70])
+    dataset = SampleDataset(FolderSource(root, val_fraction=0).split("train"), max_bad_fraction=0.05)
+    labels = [dataset[i][1] for i in range(len(dataset))]
+    assert len(labels) == 100 and dataset.bad.count == 3
+
+
+def test_a_mostly_bad_split_stops_with_a_summary(tmp_path):
+    root = _tree_with_bad_files(tmp_path, 20, list(range(2, 20)))
+    dataset = SampleDataset(FolderSource(root, val_fraction=0).split("train"), max_bad_fraction=0.05)
+    with pytest.raises(
+        BadSampleError,
+        match=r"2 of 20 samples are unreadable, more than data\.max_bad_fraction=0\.05 allows \(1\)",
+    ):
+        for i in range(len(dataset)):
+            dataset[i]
+
+
+def test_each_bad_file_is_warned_once_even_when_drawn_as_a_substitute(tmp_path, caplog):
+    root = _tree_with_bad_files(tmp_path, 20, [5, 6])
+    dataset = SampleDataset(FolderSource(root, val_fraction=0).split("train"), max_bad_fraction=0.2)
+    with caplog.at_level(logging.WARNING):
+        for i in range(len(dataset)):  # 5 is replaced by 7, through bad 6; then 6 itself comes up
+            dataset[i]
+    warned = [r.getMessage() for r in caplog.records if "skipping bad sample" in r.getMessage()]
+    assert len(warned) == 2 and any("005.png" in m for m in warned) and any("006.png" in m for m in warned)
+
+
+def test_workers_share_one_set_of_bad_sample_flags(make_cfg, tmp_path):
+    from feedline.cli.instantiate import instantiate
+
+    root = _tree_with_bad_files(tmp_path, 24, [3, 11])
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={root}",
+        "source.val_fraction=0",
+        "data.num_workers=2",
+        "data.batch_size=4",
+        "data.max_bad_fraction=0.1",
+        "transforms=digits",
+    )
+    dm = instantiate(cfg.data, "data")
+    dm.prepare_data()
+    dm.setup("fit")
+    assert sum(len(b.label) for b in dm.train_dataloader()) == 24
+    assert dm.datasets["train"].bad.count == 2  # found in the workers, seen here
+
+
+def test_max_bad_fraction_outside_0_1_names_the_key(tree):
+    with pytest.raises(ValueError, match=r"data\.max_bad_fraction=1\.5"):
+        SampleDataset(FolderSource(tree).split("train"), max_bad_fraction=1.5)
+
+
+@pytest.mark.slow
+def test_bad_samples_found_in_spawned_workers_reach_the_run_log(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT_DIR
+
+    root = _tree_with_bad_files(tmp_path, 12, [4])
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "train.py",
+        "source=folder",
+        f"source.root={root}",
+        "source.val_fraction=0",
+        "data.num_workers=1",
+        "data.multiprocessing_context=spawn",
+        "data.batch_size=4",
+        "data.max_bad_fraction=0.1",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "transforms=digits",
+        "logger=none",
+        "callbacks=none",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    done = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "skipping bad sample" in (run_dir / "train.log").read_text()
+        and "004.png" in (run_dir / "train.log").read_text()
+    )

@@ -94,7 +94,7 @@ def image_size(data: np.ndarray, head: bytes) -> tuple[int, int] | None:
         if head.startswith(b"\xff\xd8\xff"):
             return jpeg_size(data)
         buf = memoryview(data)
-        if head.startswith(b"\x89PNG\r\n\x1a\n") and len(buf) >= 24:
+        if head.startswith(b"\x89PNG\r\n\x1a\n") and len(buf) >= 24 and bytes(buf[12:16]) == b"IHDR":
             width, height = struct.unpack(">II", buf[16:24])
             return height, width
         if head[:6] in (b"GIF87a", b"GIF89a") and len(buf) >= 10:
