@@ -104,6 +104,10 @@ class ImageDataModule(L.LightningDataModule):
                     self.max_bad_fraction,
                 )
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
+                if split == "train" and not len(self.datasets[split]):
+                    raise ValueError(
+                        f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
+                    )
 
     def train_dataloader(self) -> DataLoader:
         loader = self._loader("train", shuffle=True, drop_last=self.drop_last)

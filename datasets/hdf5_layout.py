@@ -142,13 +142,28 @@ def _scale(images, dtype, where: str) -> float:
     """What a stored value of 1.0 means: 255.0 for 0..255 data, 1.0 for 0..1. Integer arrays are 0..255.
     Float arrays are sampled (SAMPLED_ROWS rows spread over the file): values above 1 mean 0..255, read as
     such with a warning; values outside 0..255 (normalised arrays) cannot be images and are refused."""
-    if images.dtype.kind in "ui":
+    if images.dtype == np.uint8:
         return SCALES[str(dtype)] if dtype else 255.0
     n = len(images)
     rows = np.unique(np.linspace(0, n - 1, min(n, SAMPLED_ROWS)).astype(np.int64)) if n else []
     sample = [np.asarray(images[int(r)]) for r in rows]
+    if images.dtype.kind == "f" and any(np.isnan(x).any() for x in sample):
+        raise ValueError(f"{where}: float images hold NaN values (sampled {len(sample)} rows): fix the file")
     low = min((float(np.min(x)) for x in sample), default=0.0)
     high = max((float(np.max(x)) for x in sample), default=0.0)
+    if images.dtype.kind in "ui":  # wider integers: 0..255 as most tools write them, or 16-bit
+        if low < 0 or high > 65535:
+            raise ValueError(
+                f"{where}: integer images hold values in [{low:g}, {high:g}]: not 8- or 16-bit pixels"
+            )
+        if dtype:
+            return SCALES[str(dtype)]
+        if high > 255:
+            log.warning(
+                "%s: %s images reach %g: reading them as 16-bit (0..65535)", where, images.dtype, high
+            )
+            return 65535.0
+        return 255.0
     if low < 0 or high > 255:
         raise ValueError(
             f"{where}: float images hold values in [{low:g}, {high:g}] (sampled {len(sample)} rows), neither "

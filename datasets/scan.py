@@ -313,6 +313,11 @@ def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
         found.odd.extend(scan.odd)
     _report(root, "symlink loop(s) skipped (they point back at the root or a folder above)", found.loops)
     _report(
+        root,
+        "class folder(s) that are another class's folder under a second name (their samples get both labels)",
+        _aliases(root, classes),
+    )
+    _report(
         root, "folder(s) could not be listed: left out now, listed again on the next load", found.unreadable
     )
     _report(
@@ -321,6 +326,19 @@ def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
         found.odd,
     )
     return found
+
+
+def _aliases(root: str, classes: list[str]) -> list[str]:
+    """Class folders that resolve to a folder another class already is (a symlink ``b -> a``)."""
+    seen: dict[tuple[int, int], str] = {}
+    aliases = []
+    for name in classes:
+        st = os.stat(os.path.join(root, name))
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            aliases.append(f"{name} (= {seen[key]})")
+        seen.setdefault(key, name)
+    return aliases
 
 
 def _report(root: str, what: str, items: list[str], shown: int = 5) -> None:

@@ -138,3 +138,14 @@ def test_common_trainer_keys_are_checked_before_any_work(make_cfg, tree, overrid
     cfg = make_cfg("source=folder", f"source.root={tree}", override)
     with pytest.raises(ValueError, match=message):
         train_module.train(cfg)
+
+
+def test_an_empty_train_split_names_the_key(make_cfg, tmp_path):
+    from feedline.cli.instantiate import instantiate
+
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png"]})
+    cfg = make_cfg("source=folder", f"source.root={root}", "source.val_fraction=0.9")
+    dm = instantiate(cfg.data, "data")
+    dm.prepare_data()
+    with pytest.raises(ValueError, match=r"train split .* is empty: lower source\.val_fraction"):
+        dm.setup("fit")

@@ -90,3 +90,20 @@ def test_whole_float_labels_are_accepted(tmp_path):
     source = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c")
     source.prepare()
     assert [source.split("train")[i][1] for i in range(4)] == [0, 1, 2, 1]
+
+
+def test_16_bit_integer_images_are_scaled_from_65535(tmp_path, caplog):
+    images = np.full((4, 8, 8, 3), 65535, np.uint16)
+    images[0] = 32896  # about half
+    path = write(tmp_path / "w.h5", images, np.arange(4) % 2)
+    with caplog.at_level(logging.WARNING):
+        source = HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c")
+    assert "16-bit" in caplog.text
+    assert int(source.split("train")[0][0].max()) == 128 and int(source.split("train")[1][0].min()) == 255
+
+
+def test_nan_in_float_images_is_refused(tmp_path):
+    images = float_images(1.0)
+    images[3, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        HDF5Source(write(tmp_path / "n.h5", images, np.arange(6) % 2), cache_dir=tmp_path / "c")

@@ -293,3 +293,11 @@ def test_garbled_staleness_signature_is_rebuilt(tmp_path, tree, caplog):
     with caplog.at_level(logging.WARNING):
         assert len(open_index(tree, cache_dir=cache)) == 18
     assert "unusable" in caplog.text and problem(d) is None
+
+
+def test_a_class_folder_linked_to_another_class_is_reported(tmp_path, caplog):
+    root = make_tree(tmp_path / "t", {"a": ["1.png"], "c": ["2.png"]})
+    os.symlink(os.path.join(root, "a"), os.path.join(root, "b"))
+    with caplog.at_level(logging.WARNING):
+        open_index(root, cache_dir=tmp_path / "cache")
+    assert "b (= a)" in caplog.text and "both labels" in caplog.text
