@@ -95,7 +95,7 @@ def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
+            crc = write_array(f, array)
         os.replace(tmp, path)
     except OSError as err:
         _remove(tmp)
@@ -103,7 +103,7 @@ def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
     except BaseException:
         _remove(tmp)
         raise
-    write_text(_sum_path(path), json.dumps(file_record(path)))
+    write_text(_sum_path(path), json.dumps(file_record(path, crc)))
     return path
 
 
@@ -133,10 +133,30 @@ def crc32(path: str | os.PathLike) -> int:
     return crc
 
 
-def file_record(path: str | os.PathLike) -> dict:
-    """The checksum of a file just written, with the stat fields that tell, later, whether it was touched."""
+def file_record(path: str | os.PathLike, crc: int | None = None) -> dict:
+    """The checksum of a file just written (``crc`` when it was taken as the file was written, else read
+    back), with the stat fields that tell, later, whether it was touched."""
     st = os.stat(path)
-    return {"crc32": crc32(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    crc = crc32(path) if crc is None else crc
+    return {"crc32": crc, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+class _Checksummed:
+    """A file object that checksums what is written through it, so nothing is read back to checksum it."""
+
+    def __init__(self, f):
+        self.f, self.crc = f, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.f.write(data)
+
+
+def write_array(f, array: np.ndarray) -> int:
+    """``np.save`` into the open binary file ``f``; returns the CRC32 of the bytes written."""
+    out = _Checksummed(f)
+    np.save(out, array)
+    return out.crc
 
 
 def check_record(path: str | os.PathLike, record: dict) -> str | None:

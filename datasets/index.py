@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from feedline.datasets.cache import (
     remove_stale,
     stale_dirs,
     temporary_prefix,
+    write_array,
 )
 from feedline.datasets.records import require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
@@ -242,11 +244,13 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
     offsets[1:] = np.flatnonzero(paths == 0) + 1
     label_dtype = np.int16 if len(scan.classes) < 2**15 else np.int32
     labels = np.repeat(np.arange(len(scan.classes), dtype=label_dtype), scan.counts)
-    np.save(tmp / "paths.npy", paths)
-    np.save(tmp / "offsets.npy", offsets)
-    np.save(tmp / "labels.npy", labels)
-    (tmp / "dirs.json").write_text(json.dumps(scan.dirs), encoding="utf-8")
-    files = ("paths.npy", "offsets.npy", "labels.npy", "dirs.json")
+    crcs = {}
+    for name, array in (("paths.npy", paths), ("offsets.npy", offsets), ("labels.npy", labels)):
+        with open(tmp / name, "wb") as f:
+            crcs[name] = write_array(f, array)  # checksummed as written: nothing is read back
+    signature = json.dumps(scan.dirs).encode("utf-8")
+    (tmp / "dirs.json").write_bytes(signature)
+    crcs["dirs.json"] = zlib.crc32(signature)
     meta = {
         "format": FORMAT,
         "root": root,
@@ -259,7 +263,7 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
         "symlink_loops": scan.loops,
         "unreadable_dirs": scan.unreadable,
         "skipped_entries": scan.odd,
-        "files": {name: file_record(tmp / name) for name in files},  # checksums, checked on every load
+        "files": {name: file_record(tmp / name, crc) for name, crc in crcs.items()},  # checked on every load
     }
     meta["checksum"] = json_checksum(meta)
     (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")  # last
