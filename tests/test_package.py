@@ -147,7 +147,9 @@ def test_the_wheel_installs_feedline_and_nothing_else_top_level(tmp_path):
         "feedline",
         "hydra_plugins",
     }
-    assert {"feedline/conf/train.yaml", "feedline/conf/data/default.yaml", "feedline/train.py"} <= set(names)
+    shipped_yaml = {n.removeprefix("feedline/") for n in names if n.endswith(".yaml")}
+    assert shipped_yaml == {str(p.relative_to(ROOT_DIR)) for p in (ROOT_DIR / "conf").rglob("*.yaml")}
+    assert "feedline/train.py" in names
     assert not [n for n in names if n.startswith(("feedline/tests/", "feedline/benchmarks/"))]
 
     site = tmp_path / "site"
