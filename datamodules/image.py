@@ -82,6 +82,11 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label, as torchvision's ``ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self.classes)}
+
     def _bind_mix(self) -> None:
         if getattr(self.transforms.mix, "num_classes", 0) is None:
             self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
