@@ -91,18 +91,7 @@ def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
     """``np.save`` to ``path`` atomically (parents created), with a checksum record beside it
     (``<path>.sum``) that ``check_array`` verifies."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npy", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            crc = write_array(f, array)
-        os.replace(tmp, path)
-    except OSError as err:
-        _remove(tmp)
-        raise disk_full(err, path.parent) from err
-    except BaseException:
-        _remove(tmp)
-        raise
+    crc = _write_atomically(path, lambda f: write_array(f, array))
     write_text(_sum_path(path), json.dumps(file_record(path, crc)))
     return path
 
@@ -133,11 +122,10 @@ def crc32(path: str | os.PathLike) -> int:
     return crc
 
 
-def file_record(path: str | os.PathLike, crc: int | None = None) -> dict:
-    """The checksum of a file just written (``crc`` when it was taken as the file was written, else read
-    back), with the stat fields that tell, later, whether it was touched."""
+def file_record(path: str | os.PathLike, crc: int) -> dict:
+    """The checksum of a file just written (taken as it was written), with the stat fields that tell, later,
+    whether it was touched."""
     st = os.stat(path)
-    crc = crc32(path) if crc is None else crc
     return {"crc32": crc, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
@@ -186,11 +174,18 @@ def json_checksum(document: dict) -> int:
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (parents created)."""
     path = Path(path)
+    _write_atomically(path, lambda f: f.write(text.encode("utf-8", "surrogateescape")))
+    return path
+
+
+def _write_atomically(path: Path, write):
+    """``write(binary file)`` into a temporary beside ``path``, renamed into place; returns what it returns.
+    Nothing is left behind when it fails, and a full disk says which cache directory is full."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
         os.replace(tmp, path)
     except OSError as err:
         _remove(tmp)
@@ -198,7 +193,7 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     except BaseException:
         _remove(tmp)
         raise
-    return path
+    return result
 
 
 def _remove(path: str) -> None:
