@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from feedline.cli.instantiate import instantiate
+from feedline.cli.instantiate import instantiate, require
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.report import print_report
@@ -29,6 +29,7 @@ log = logging.getLogger("feedline")
 
 def bench(cfg: DictConfig, show: bool = True) -> dict:
     """Measure ``cfg.data``'s train loader; returns (and writes to ``bench.json_path``) the result."""
+    require(cfg, "source")
     options = cfg.bench
     L.seed_everything(cfg.seed)
     datamodule = instantiate(cfg.data, "data")

@@ -12,7 +12,7 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from feedline.cli.instantiate import instantiate
+from feedline.cli.instantiate import instantiate, require
 
 log = logging.getLogger("feedline")
 
@@ -21,6 +21,7 @@ def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
     from feedline.writers.hdf5 import convert_source
 
+    require(cfg, "source", "out")
     options = OmegaConf.to_object(cfg.out)  # an HDF5WriteOptions: the schema conf/convert.yaml extends
     options.check()
     source = instantiate(cfg.source, "source")

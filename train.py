@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
-from feedline.cli.instantiate import instantiate, instantiate_all
+from feedline.cli.instantiate import instantiate, instantiate_all, require
 from feedline.cli.trainer_keys import check_trainer_keys
 
 log = logging.getLogger("feedline")
@@ -27,6 +27,7 @@ log = logging.getLogger("feedline")
 
 def train(cfg: DictConfig) -> dict:
     """Fit ``cfg.model`` on ``cfg.data``; returns the run summary."""
+    require(cfg, "source", "model")
     check_trainer_keys(cfg.trainer)  # before any work: Lightning rejects some of them only mid-fit
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")

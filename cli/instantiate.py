@@ -7,13 +7,28 @@ import re
 
 import hydra
 from hydra.errors import InstantiationException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
 # Errors that already name their config key (``source.root '/x' does not exist ...``) pass through
 # unchanged; anything else is wrapped with the key and the _target_ that failed.
 _NAMES_A_KEY = re.compile(r"\b(source|data|transforms|collate|model|trainer|paths)\.\w+")
+
+
+def require(cfg: DictConfig, *keys: str) -> None:
+    """Fail before any work when a required value (``???``) under ``keys`` is still unset, naming each one
+    by its full key (``source.root``), not by the argument name deep inside instantiation."""
+    missing = sorted(  # full keys: OmegaConf names each by its path from the root
+        name
+        for key in keys
+        if key in cfg and OmegaConf.is_config(cfg[key])
+        for name in OmegaConf.missing_keys(cfg[key])
+    )
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} must be set: add {' '.join(f'{m}=...' for m in missing)} to the command line"
+        )
 
 
 def instantiate(cfg: DictConfig, key: str, **kwargs):

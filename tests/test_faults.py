@@ -149,3 +149,20 @@ def test_an_empty_train_split_names_the_key(make_cfg, tmp_path):
     dm.prepare_data()
     with pytest.raises(ValueError, match=r"train split .* is empty: lower source\.val_fraction"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("entry", "overrides", "key"),
+    [
+        ("train", ["source=folder"], "source.root"),
+        ("train", ["source=hdf5"], "source.path"),
+        ("convert", [], "out.path"),
+    ],
+)
+def test_a_required_key_left_unset_is_named_by_its_full_key(make_cfg, entry, overrides, key):
+    from feedline.convert import run_convert
+    from feedline.train import train
+
+    cfg = make_cfg(*overrides, config=entry)
+    with pytest.raises(ValueError, match=rf"^{key} must be set: add {key}=\.\.\."):
+        (train if entry == "train" else run_convert)(cfg)
