@@ -1,16 +1,21 @@
 """ImageDataModule: source + transform stacks + collate -> Lightning's data hooks.
 
+__init__                   builds source/transforms/collate from their config and saves it (checkpoints)
 prepare_data()             once per node (local rank 0): source.prepare() scans and caches
 setup(stage)               every rank: source.split() -> RecordSet -> SampleDataset
+                           (fit: train+val, validate: val, test: test, predict: data.predict_root)
 *_dataloader()             DataLoader with the resolved loader knobs
-on_after_batch_transfer()  the batch stack, on the device: uint8 -> float, normalise
+on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 -> float, normalise), mix
+                           on training batches, one memory format for every split
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
@@ -18,29 +23,38 @@ from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.knobs import (
     check_prefetch_factor,
     check_steps,
+    parse_memory_format,
     per_device_batch_size,
     resolve_num_workers,
     resolve_pin_memory,
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
+from feedline.datamodules.parts import build
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
-from feedline.transforms.collate import Batch, DefaultCollate
+from feedline.datasets.records import Source, require_dir
+from feedline.datasets.unlabeled import unlabeled_folder
+from feedline.transforms.collate import Batch, DefaultCollate, WithPaths
 from feedline.transforms.stacks import TransformStacks
 
 log = logging.getLogger(__name__)
 
 _DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed schema
+_STAGES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
 
 class ImageDataModule(L.LightningDataModule):
-    """``source`` + ``transforms`` + ``collate`` and the loader knobs (``data.*``, see DataConfig)."""
+    """``source`` + ``transforms`` + ``collate`` and the loader knobs (``data.*``, see DataConfig).
+
+    ``source``, ``transforms`` and ``collate`` are objects, or their configs (a mapping with ``_target_``),
+    which the datamodule builds and saves as hyper-parameters, so a checkpoint can rebuild it.
+    """
 
     def __init__(
         self,
-        source,
-        transforms: TransformStacks | None = None,
-        collate=None,
+        source: Source | dict[str, Any],
+        transforms: TransformStacks | dict[str, Any] | None = None,
+        collate: Any = None,
         batch_size: int = _DEFAULTS.batch_size,
         global_batch_size: int | None = _DEFAULTS.global_batch_size,
         num_workers: int | str = _DEFAULTS.num_workers,
@@ -53,11 +67,19 @@ class ImageDataModule(L.LightningDataModule):
         drop_last: bool = _DEFAULTS.drop_last,
         reduced_decode: bool = _DEFAULTS.reduced_decode,
         max_pixels: int | None = _DEFAULTS.max_pixels,
+        predict_root: str | None = _DEFAULTS.predict_root,
+        memory_format: str = _DEFAULTS.memory_format,
     ):
         super().__init__()
-        self.source = source
-        self.transforms = transforms or TransformStacks()
-        self.collate = collate or DefaultCollate()
+        self.source, source_config = build(source, "source")
+        if self.source is None:
+            raise ValueError(
+                "data.source is required: pick one (source=folder source.root=...) or pass a source"
+            )
+        self.transforms, transforms_config = build(transforms, "transforms")
+        self.transforms = self.transforms or TransformStacks()
+        self.collate, collate_config = build(collate, "collate")
+        self.collate = self.collate or DefaultCollate()
         self.batch_size = int(batch_size)
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
@@ -70,9 +92,32 @@ class ImageDataModule(L.LightningDataModule):
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
         self.max_pixels = max_pixels
+        self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
+        self.memory_format = parse_memory_format(memory_format)
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
+        self.save_hyperparameters(
+            {
+                "source": source_config,
+                "transforms": transforms_config,
+                "collate": collate_config,
+                "batch_size": self.batch_size,
+                "global_batch_size": global_batch_size,
+                "num_workers": num_workers,
+                "pin_memory": pin_memory,
+                "persistent_workers": self.persistent_workers,
+                "prefetch_factor": self.prefetch_factor,
+                "on_bad_sample": self.on_bad_sample.value,
+                "max_bad_fraction": self.max_bad_fraction,
+                "multiprocessing_context": multiprocessing_context,
+                "drop_last": self.drop_last,
+                "reduced_decode": self.reduced_decode,
+                "max_pixels": max_pixels,
+                "predict_root": self.predict_root,
+                "memory_format": memory_format,
+            }
+        )
 
     @property
     def classes(self) -> list[str]:
@@ -96,23 +141,31 @@ class ImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self._bind_mix()
-        wanted = {"fit": ("train", "val"), "validate": ("val",)}.get(stage or "fit", ("train", "val"))
-        for split in wanted:
+        for split in _STAGES.get(stage or "fit", ("train", "val")):
             if split not in self.datasets:
-                transform = self.transforms.train if split == "train" else self.transforms.eval
-                self.datasets[split] = SampleDataset(
-                    self.source.split(split),
-                    transform,
-                    self.on_bad_sample,
-                    self.reduced_decode,
-                    self.max_pixels,
-                    self.max_bad_fraction,
-                )
+                self.datasets[split] = self._dataset(split)
                 log.info("%s split: %d samples", split, len(self.datasets[split]))
-                if split == "train" and not len(self.datasets[split]):
-                    raise ValueError(
-                        f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
-                    )
+
+    def _dataset(self, split: str) -> SampleDataset:
+        if split == "predict":
+            if self.predict_root is None:
+                raise ValueError("trainer.predict needs images: set data.predict_root=/path/to/images")
+            records = unlabeled_folder(self.predict_root)
+        else:
+            records = self.source.split(split)
+        if split == "train" and not len(records):
+            raise ValueError(
+                f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
+            )
+        return SampleDataset(
+            records,
+            self.transforms.train if split == "train" else self.transforms.eval,
+            self.on_bad_sample,
+            self.reduced_decode,
+            self.max_pixels,
+            self.max_bad_fraction,
+            with_paths=split == "predict",
+        )
 
     def train_dataloader(self) -> DataLoader:
         loader = self._loader("train", shuffle=True, drop_last=self.drop_last)
@@ -120,20 +173,43 @@ class ImageDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self):
-        if not len(self.datasets["val"]):
+        if not len(self._split("val")):
             return []  # source.val_fraction=0 and no val_root: nothing to validate on
         return self._loader("val", shuffle=False, drop_last=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False, drop_last=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches of ``data.predict_root``'s images in sorted path order; ``batch.paths`` names each."""
+        return self._loader("predict", shuffle=False, drop_last=False)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         training = self.trainer is not None and self.trainer.training
         return self.device_batch(batch, training) if isinstance(batch, Batch) else batch
 
-    def device_batch(self, batch: Batch, training: bool) -> Batch:
-        """What happens to a batch once it is on the device: the batch stack (uint8 -> float, normalise),
-        then, for training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix)."""
+    def device_batch(
+        self, batch: Batch, training: bool = False, device: torch.device | str | None = None
+    ) -> Batch:
+        """What happens to a batch on the device: the batch stack (uint8 -> float, normalise), then, for
+        training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix), in one memory
+        format for every split (``data.memory_format``). Lightning calls it after each transfer; a plain
+        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first."""
         self._bind_mix()
-        image, label = self.transforms.on_device(batch.image, batch.label, training)
-        return batch._replace(image=image, label=label)
+        if device is not None:
+            batch = batch.to(device)
+        image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
+        image, label = self.transforms.on_device(image, batch.label, training)
+        image = self._format(image)  # a no-op unless a transform changed the layout
+        if image.dim() == 4 and not image.is_floating_point():
+            raise TypeError(
+                f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
+                "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
+            )
+        return batch.replace(image=image, label=label)
+
+    def _format(self, image: torch.Tensor) -> torch.Tensor:
+        return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image
 
     # -- knobs resolved against the trainer -------------------------------------------------------
     def _world(self) -> tuple[int, int, int, bool]:
@@ -160,10 +236,15 @@ class ImageDataModule(L.LightningDataModule):
             settings["worker_init_fn"] = WorkerInit(rank)
         return settings
 
-    def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _split(self, split: str) -> SampleDataset:
         if split not in self.datasets:
-            self.setup("fit")
-        self.datasets[split].share_bad_samples()
-        return DataLoader(
-            self.datasets[split], shuffle=shuffle, drop_last=drop_last, **self.loader_settings()
-        )
+            self.setup({"train": "fit", "val": "validate"}.get(split, split))
+        return self.datasets[split]
+
+    def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
+        dataset = self._split(split)
+        dataset.share_bad_samples()
+        settings = self.loader_settings()
+        if split == "predict":
+            settings["collate_fn"] = WithPaths(settings["collate_fn"])
+        return DataLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)

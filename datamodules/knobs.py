@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from feedline.datamodules.options import MEMORY_FORMATS
 from feedline.datasets.scan import available_cpus
 
 
@@ -63,3 +64,12 @@ def check_steps(samples: int, batch_size: int, world_size: int, drop_last: bool)
             f"{world_size} device(s) gets ({samples} in all), and data.drop_last=true drops that incomplete "
             f"batch: training would run zero steps. Lower data.batch_size or set data.drop_last=false"
         )
+
+
+def parse_memory_format(value):
+    """``data.memory_format`` as a torch memory format."""
+    import torch
+
+    if value not in MEMORY_FORMATS:
+        raise ValueError(f"data.memory_format={value!r} is not one of: {', '.join(MEMORY_FORMATS)}")
+    return torch.channels_last if value == "channels_last" else torch.contiguous_format

@@ -23,9 +23,13 @@ def parse_on_bad_sample(value) -> OnBadSample:
         raise ValueError(f"data.on_bad_sample={value!r} is not one of: skip, raise") from None
 
 
+MEMORY_FORMATS = ("contiguous", "channels_last")
+
+
 @dataclass
 class DataConfig:
     _target_: str = "feedline.datamodules.image.ImageDataModule"
+    _recursive_: bool = False  # the datamodule builds source/transforms/collate and saves their config
     source: Any = "${source}"
     transforms: Any = "${transforms}"
     collate: Any = "${collate}"
@@ -41,3 +45,7 @@ class DataConfig:
     drop_last: bool = False
     reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much
     max_pixels: Optional[int] = None  # noqa: UP045 - an image claiming more is a bad sample; null: PIL's limit, 0: none
+    predict_root: Optional[str] = None  # noqa: UP045 - trainer.predict: every image below it, sorted by path
+    memory_format: str = (
+        "contiguous"  # of image batches on the device, every split: contiguous | channels_last
+    )

@@ -25,6 +25,9 @@ class SampleDataset(Dataset):
     replaced by the next readable sample, so batch shapes (and DDP ranks) stay in step, until more than
     ``max_bad_fraction`` of the split has turned out bad (``bad_samples.py``); with ``raise`` the error
     stops the run. Errors inside the transforms are configuration errors and always raise.
+
+    ``with_paths``: samples are ``(image, label, path)``, the path of what was actually read (predict: a
+    skipped file's substitute carries its own path, so no result is ever filed under the wrong file).
     """
 
     def __init__(
@@ -35,8 +38,10 @@ class SampleDataset(Dataset):
         reduced_decode: bool = _DEFAULTS.reduced_decode,
         max_pixels: int | None = _DEFAULTS.max_pixels,
         max_bad_fraction: float = _DEFAULTS.max_bad_fraction,
+        with_paths: bool = False,
     ):
         self.records = records
+        self.with_paths = bool(with_paths)
         self.transform = transform
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.reduced_decode = bool(reduced_decode)
@@ -98,6 +103,7 @@ class SampleDataset(Dataset):
         return [self._finish(i, record) for i, record in zip(indices, records)]
 
     def _finish(self, i: int, record):
+        used = i
         try:
             if record is None:
                 image, label = self._decode(i)
@@ -110,7 +116,9 @@ class SampleDataset(Dataset):
                     f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
                 ) from err
             self._flags().found(i, path, err)
-            image, label = self._substitute(i)
+            image, label, used = self._substitute(i)
+        if self.with_paths:
+            return self.augment(image), label, self.records.describe(used)
         return self.augment(image), label
 
     def _flags(self) -> BadSamples:
@@ -119,12 +127,13 @@ class SampleDataset(Dataset):
         return self.bad
 
     def _substitute(self, i: int):
-        """The next readable sample after ``i``; each bad one met on the way counts against the budget."""
+        """(image, label, index) of the next readable sample after ``i``; each bad one met on the way
+        counts against the budget."""
         n = len(self)
         for k in range(1, n):
             j = (i + k) % n
             try:
-                return self._decode(j)
+                return (*self._decode(j), j)
             except (OSError, DecodeError) as err:
                 self._flags().found(j, self.records.describe(j), err)
         raise BadSampleError(f"every sample of this split is unreadable ({n}): check the data")

@@ -16,7 +16,7 @@ from feedline.datasets.index import FolderIndex, PackedIndex, open_index
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
-from feedline.datasets.splits import check_fraction, check_split, subset_for
+from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
 
 class FolderRecords(Records):
@@ -51,7 +51,8 @@ class FolderRecords(Records):
 
 
 class FolderSource:
-    """Class folders under ``root``; val from ``val_root`` or a seeded, stratified ``val_fraction``."""
+    """Class folders under ``root``. Val from ``val_root`` or a seeded, stratified ``val_fraction`` of
+    ``root``; test likewise from ``test_root`` or ``test_fraction``."""
 
     def __init__(
         self,
@@ -63,22 +64,34 @@ class FolderSource:
         cache_dir: str | None = _O.cache_dir,
         refresh: str = _O.refresh,
         scan_workers: int | str = _O.scan_workers,
+        test_root: str | None = _O.test_root,
+        test_fraction: float = _O.test_fraction,
     ):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
-        self.val_fraction = check_fraction(val_fraction)
+        self.test_root = os.path.abspath(os.path.expanduser(str(test_root))) if test_root else None
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
         self.seed = int(seed)
         self.extensions = normalize_extensions(extensions)
         self.cache_dir = cache_dir
         self.refresh = check_refresh(refresh)
         self.scan_workers = scan_workers
-        if self.val_root and self.val_fraction:
-            self.val_fraction = 0.0  # val comes from val_root; train keeps every sample of root
+        if self.val_root:
+            self.val_fraction = 0.0  # val comes from val_root; train keeps root's samples
+        if self.test_root:
+            self.test_fraction = 0.0
         self._indexes: dict[str, FolderIndex] = {}
         self._check_roots()
 
+    def _roots(self) -> tuple[tuple[str, str | None], ...]:
+        return (
+            ("source.root", self.root),
+            ("source.val_root", self.val_root),
+            ("source.test_root", self.test_root),
+        )
+
     def _check_roots(self) -> None:
-        for key, path in (("source.root", self.root), ("source.val_root", self.val_root)):
+        for key, path in self._roots():
             if path is not None:
                 require_dir(path, key)
 
@@ -91,7 +104,7 @@ class FolderSource:
     def prepare(self) -> None:
         """Build (or refresh) the index of every root. Run once per node; safe to run concurrently."""
         self._indexes.clear()
-        for key, path in (("source.root", self.root), ("source.val_root", self.val_root)):
+        for key, path in self._roots():
             if path is not None:
                 self._index(path, key)
 
@@ -104,24 +117,33 @@ class FolderSource:
 
     def split(self, name: str) -> FolderRecords:
         index = self._index(self.root, "source.root")
-        if check_split(name) == "val" and self.val_root:
-            return self._val_root_records(index)
-        subset = subset_for(name, index.counts, self.val_fraction, self.seed, index.directory)
+        tree = {"val": self.val_root, "test": self.test_root}.get(check_split(name))
+        if tree:
+            return self._tree_records(index, tree, f"source.{name}_root")
+        if name == "test" and not self.test_fraction:
+            raise no_test_split(
+                repr(self), "source.test_root=<a class-folder tree> or source.test_fraction=0.1"
+            )
+        subset = subset_for(
+            name,
+            index.counts,
+            self.val_fraction,
+            self.seed,
+            index.directory,
+            test_fraction=self.test_fraction,
+        )
         return FolderRecords(index, self.root, subset)
 
-    def _val_root_records(self, train: FolderIndex) -> FolderRecords:
-        val = self._index(self.val_root, "source.val_root")
-        if val.classes == train.classes:
-            return FolderRecords(val, self.val_root)
-        unknown = sorted(set(val.classes) - set(train.classes))
+    def _tree_records(self, train: FolderIndex, root: str, key: str) -> FolderRecords:
+        """A split read from a tree of its own, labelled with ``root``'s classes (it may lack some)."""
+        held = self._index(root, key)
+        if held.classes == train.classes:
+            return FolderRecords(held, root)
+        unknown = sorted(set(held.classes) - set(train.classes))
         if unknown:
-            raise ValueError(
-                f"source.val_root '{self.val_root}' has classes that source.root lacks: {', '.join(unknown[:10])}"
-            )
+            raise ValueError(f"{key} '{root}' has classes that source.root lacks: {', '.join(unknown[:10])}")
         position = {c: i for i, c in enumerate(train.classes)}
-        return FolderRecords(val, self.val_root, label_map=[position[c] for c in val.classes])
+        return FolderRecords(held, root, label_map=[position[c] for c in held.classes])
 
     def __repr__(self) -> str:
-        return (
-            f"FolderSource(root={self.root!r}, val_root={self.val_root!r}, val_fraction={self.val_fraction})"
-        )
+        return f"FolderSource(root={self.root!r})"

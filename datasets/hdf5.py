@@ -16,7 +16,7 @@ from feedline.datasets.cache import cache_path, check_array, save_array
 from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, check_labels, inspect_file, open_hdf5
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records
-from feedline.datasets.splits import check_fraction, check_split, subset_for
+from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ class HDF5Records(Records):
 
 
 class HDF5Source:
-    """Samples from one HDF5 file; val from ``val_path`` or a seeded, stratified ``val_fraction``."""
+    """Samples from one HDF5 file; val from ``val_path`` or a seeded, stratified ``val_fraction``; test
+    likewise from ``test_path`` or ``test_fraction``."""
 
     def __init__(
         self,
@@ -130,10 +131,17 @@ class HDF5Source:
         dtype: str | None = _O.dtype,
         classes: list[str] | None = _O.classes,
         cache_dir: str | None = _O.cache_dir,
+        test_path: str | None = _O.test_path,
+        test_fraction: float = _O.test_fraction,
     ):
         self.path = os.path.abspath(os.path.expanduser(str(path)))
         self.val_path = os.path.abspath(os.path.expanduser(str(val_path))) if val_path else None
-        self.val_fraction = 0.0 if self.val_path else check_fraction(val_fraction)
+        self.test_path = os.path.abspath(os.path.expanduser(str(test_path))) if test_path else None
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
+        if self.val_path:
+            self.val_fraction = 0.0
+        if self.test_path:
+            self.test_fraction = 0.0
         self.seed = int(seed)
         self.images_key, self.labels_key = images_key, labels_key
         self.cache_dir = cache_dir
@@ -158,7 +166,11 @@ class HDF5Source:
         if self._inspected is None:
             self._inspected = {
                 p: inspect_file(p, key, self.images_key, self.labels_key, self._layout_arg, self._dtype_arg)
-                for p, key in ((self.path, "source.path"), (self.val_path, "source.val_path"))
+                for p, key in (
+                    (self.path, "source.path"),
+                    (self.val_path, "source.val_path"),
+                    (self.test_path, "source.test_path"),
+                )
                 if p
             }
         return self._inspected
@@ -205,15 +217,20 @@ class HDF5Source:
         return target
 
     def split(self, name: str) -> HDF5Records:
-        path = self.val_path if check_split(name) == "val" and self.val_path else self.path
+        own_file = {"val": self.val_path, "test": self.test_path}.get(check_split(name))
+        if name == "test" and not own_file and not self.test_fraction:
+            raise no_test_split(repr(self), "source.test_path=<an HDF5 file> or source.test_fraction=0.1")
+        path = own_file or self.path
         info = self._files[path]
         labels = LazyArray(self._labels(path))
         subset = None
-        if path != self.val_path:
+        if not own_file:
             array = labels.array
             counts = np.bincount(array, minlength=len(self.classes))
             order = None if np.all(array[1:] >= array[:-1]) else np.argsort(array, kind="stable")
-            subset = subset_for(name, counts, self.val_fraction, self.seed, self._cache(path), order)
+            subset = subset_for(
+                name, counts, self.val_fraction, self.seed, self._cache(path), order, self.test_fraction
+            )
         return HDF5Records(
             path,
             self.images_key,

@@ -19,7 +19,7 @@ from feedline.datasets.cache import cache_path, check_refresh, json_checksum, st
 from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
 from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
-from feedline.datasets.splits import check_fraction, subset_for
+from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +29,24 @@ MANIFEST_FORMAT = 2  # 2: with a checksum of its content
 class LazyFolderRecords(Records):
     """A split of a lazy layout: per-class tuples and an optional subset array, no per-sample objects."""
 
-    def __init__(self, root: str, classes, exts, starts, subset=None):
+    def __init__(self, root: str, classes, exts, starts, subset=None, label_map=None):
         super().__init__(subset)
         self.root = root
         self.classes = tuple(classes)
         self.exts = tuple(exts)
         self.starts = tuple(int(s) for s in starts)  # len(classes) + 1 cumulative counts
+        self.label_map = (
+            tuple(label_map) if label_map is not None else None
+        )  # a test tree's classes -> labels
 
     @property
     def total(self) -> int:
         return self.starts[-1]
 
     def path_and_label(self, row: int) -> tuple[str, int]:
-        label = bisect.bisect_right(self.starts, row) - 1
-        return f"{self.root}/{self.classes[label]}/{row - self.starts[label]}{self.exts[label]}", label
+        k = bisect.bisect_right(self.starts, row) - 1
+        path = f"{self.root}/{self.classes[k]}/{row - self.starts[k]}{self.exts[k]}"
+        return path, (self.label_map[k] if self.label_map is not None else k)
 
     def locate(self, i: int) -> tuple[str, int]:
         """Sample ``i``'s path and label, without reading it."""
@@ -57,8 +61,9 @@ class LazyFolderRecords(Records):
 
 
 class LazyFolderSource:
-    """Class folders of files named by index. Val comes from a seeded, stratified ``val_fraction``:
-    the same split ``folder`` draws, so a tree and its lazy layout validate on the same samples."""
+    """Class folders of files named by index. Val (and test) come from a seeded, stratified
+    ``val_fraction`` (``test_fraction``): the same split ``folder`` draws, so a tree and its lazy layout
+    validate on the same samples. ``test_root``: a lazy layout of its own for test."""
 
     def __init__(
         self,
@@ -69,9 +74,14 @@ class LazyFolderSource:
         verify: bool = _O.verify,
         cache_dir: str | None = _O.cache_dir,
         refresh: str = _O.refresh,
+        test_fraction: float = _O.test_fraction,
+        test_root: str | None = _O.test_root,
     ):
         self.root = self._check_root(root)
-        self.val_fraction = check_fraction(val_fraction)
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
+        self.test_root = require_dir(test_root, "source.test_root") if test_root else None
+        if self.test_root:
+            self.test_fraction = 0.0
         self.seed = int(seed)
         self.extension = (
             (extension if str(extension).startswith(".") else f".{extension}") if extension else None
@@ -166,13 +176,40 @@ class LazyFolderSource:
         return self._manifest
 
     def split(self, name: str) -> LazyFolderRecords:
+        if check_split(name) == "test":
+            if self.test_root:
+                return self._test_tree()
+            if not self.test_fraction:
+                raise no_test_split(
+                    repr(self), "source.test_fraction=0.1 or source.test_root=<a lazy layout>"
+                )
         m = self._layout()
         starts = [0]
         for count in m["counts"]:
             starts.append(starts[-1] + count)
         cache = None if m.get("transient") else self.manifest_dir
-        subset = subset_for(name, m["counts"], self.val_fraction, self.seed, cache)
+        subset = subset_for(
+            name, m["counts"], self.val_fraction, self.seed, cache, test_fraction=self.test_fraction
+        )
         return LazyFolderRecords(self.root, m["classes"], m["exts"], starts, subset)
+
+    def _test_tree(self) -> LazyFolderRecords:
+        """Every sample of ``test_root``, labelled with ``root``'s classes (it may lack some)."""
+        tree = LazyFolderSource(
+            self.test_root,
+            val_fraction=0.0,
+            extension=self.extension,
+            cache_dir=self.cache_dir,
+            refresh=self.refresh,
+        )
+        records, classes = tree.split("all"), self.classes
+        unknown = sorted(set(records.classes) - set(classes))
+        if unknown:
+            raise ValueError(
+                f"source.test_root '{self.test_root}' has classes that source.root lacks: {', '.join(unknown[:10])}"
+            )
+        records.label_map = tuple(classes.index(c) for c in records.classes)
+        return records
 
     def __repr__(self) -> str:
         return f"LazyFolderSource(root={self.root!r}, val_fraction={self.val_fraction})"

@@ -22,6 +22,8 @@ class FolderOptions:
     root: str = REQUIRED  # root/<class>/**/<image>
     val_root: Optional[str] = None  # noqa: UP045 - a separate class-folder tree for validation
     val_fraction: float = 0.1  # else: a seeded, per-class share of root goes to val (0 = all train)
+    test_root: Optional[str] = None  # noqa: UP045 - a separate class-folder tree for trainer.test
+    test_fraction: float = 0.0  # else: a seeded, per-class share of root held out for test
     seed: int = 0
     extensions: List[str] = field(default_factory=lambda: list(IMG_EXTENSIONS))  # noqa: UP006
     cache_dir: Optional[str] = None  # noqa: UP045 - null: $FEEDLINE_CACHE_DIR, else ~/.cache/feedline
@@ -34,6 +36,8 @@ class LazyFolderOptions:
     _target_: str = "feedline.datasets.lazy_folder.LazyFolderSource"
     root: str = REQUIRED  # root/<class>/0.<ext> .. <n-1>.<ext>
     val_fraction: float = 0.1  # seeded, per class: the same split `folder` draws from the original tree
+    test_fraction: float = 0.0  # a seeded, per-class share held out for trainer.test (as `folder` draws it)
+    test_root: Optional[str] = None  # noqa: UP045 - or a separate lazy layout (same classes) for test
     seed: int = 0
     extension: Optional[str] = None  # noqa: UP045 - null: detected per class (one extension per class)
     verify: bool = False  # true: check every class holds exactly 0..n-1 before training
@@ -47,6 +51,8 @@ class HDF5Options:
     path: str = REQUIRED  # the HDF5 file (convert.py ... out.path=...)
     val_path: Optional[str] = None  # noqa: UP045 - a separate file for validation
     val_fraction: float = 0.1  # else: a seeded, per-class share (the same split `folder` draws)
+    test_path: Optional[str] = None  # noqa: UP045 - a separate file for trainer.test
+    test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
     seed: int = 0
     images_key: str = "images"  # foreign files: the dataset holding images
     labels_key: str = "labels"

@@ -347,6 +347,21 @@ def _report(root: str, what: str, items: list[str], shown: int = 5) -> None:
         log.warning("%s: %d %s: %s%s", root, len(items), what, paths, " ..." if len(items) > shown else "")
 
 
+def list_images(root: str, extensions) -> list[str]:
+    """Every image below ``root`` (any depth, no class folders), as paths relative to it, sorted. Loops,
+    unreadable directories and entries that are no regular files are left out and reported, as in
+    ``scan_tree``."""
+    scan = scan_class(".", root, _NameFilter(normalize_extensions(extensions)))
+    for what, items in (
+        ("symlink loop(s) left out", scan.loops),
+        ("unreadable director(ies) left out", scan.unreadable),
+        ("entries that are not regular files left out", scan.odd),
+    ):
+        _report(root, what, [item[2:] for item in items])
+    text = scan.paths.decode("utf-8", "surrogateescape")
+    return sorted(path[2:] for path in text.split("\0")[:-1])
+
+
 # A worker runs this very file as a script (it imports only the standard library), so it starts in
 # milliseconds and needs neither site-packages nor the feedline package on its path.
 _WORKER = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--scan-worker"]

@@ -1,4 +1,4 @@
-"""Seeded, stratified train/val splits, cached as row arrays next to the cache of the data they split.
+"""Seeded, stratified train/val/test splits, cached as row arrays next to the cache of the data they split.
 
 The split depends only on the per-class counts, the fraction and the seed, so every backend that holds
 the same samples in the same class-major order (a folder tree, its lazy layout, its HDF5 conversion)
@@ -18,71 +18,103 @@ from feedline.datasets.records import InMemoryArray, LazyArray
 log = logging.getLogger(__name__)
 
 
-def check_fraction(value) -> float:
-    """``source.val_fraction`` as a float in [0, 1), or an error naming the key."""
-    fraction = float(value)
+def check_fraction(value, key: str = "source.val_fraction") -> float:
+    """A held-out share as a float in [0, 1), or an error naming the key."""
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r} is not a number") from None
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"source.val_fraction={value} must be in [0, 1)")
+        raise ValueError(f"{key}={value} must be in [0, 1)")
     return fraction
 
 
-def stratified_split(counts, fraction: float, seed: int, order=None) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) sample indices, each sorted.
+def check_fractions(val, test) -> tuple[float, float]:
+    """``source.val_fraction`` and ``source.test_fraction``, which must leave samples to train on."""
+    val, test = check_fraction(val), check_fraction(test, "source.test_fraction")
+    if val + test >= 1.0:
+        raise ValueError(
+            f"source.val_fraction={val} + source.test_fraction={test} must stay below 1: nothing is left to train on"
+        )
+    return val, test
+
+
+PARTS = ("train", "val", "test")
+
+
+def stratified_split(counts, fraction: float, seed: int, order=None, test_fraction: float = 0.0):
+    """(train, val, test) sample indices, each sorted.
 
     Class c holds ``counts[c]`` samples: consecutive indices in class-major order, or, when ``order``
     is given (``argsort(labels, kind="stable")`` of data that is not class-major), the indices
-    ``order[start_c : start_c + counts[c]]``. Each class gives ``round(fraction * count)`` samples to val,
-    chosen by a generator seeded with ``seed``.
+    ``order[start_c : start_c + counts[c]]``. Each class gives ``round(fraction * count)`` samples to val
+    and ``round(test_fraction * count)`` to test, drawn together by a generator seeded with ``seed``
+    (without a test share the draws, and so val, are those of a train/val split).
     """
-    check_fraction(fraction)
+    check_fractions(fraction, test_fraction)
     rng = np.random.default_rng(seed)
     counts = np.asarray(counts, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    val = []
+    val, test = [], []
     for start, n in zip(starts, counts):
-        k = int(round(fraction * n))
-        if k:
-            val.append(start + rng.choice(n, size=k, replace=False))
+        k, t = int(round(fraction * n)), int(round(test_fraction * n))
+        if k + t:
+            drawn = start + rng.choice(n, size=k + t, replace=False)
+            val.append(drawn[:k])
+            test.append(drawn[k:])
     total = int(counts.sum())
-    val_idx = np.concatenate(val) if val else np.zeros(0, dtype=np.int64)
-    if order is not None:
-        val_idx = np.asarray(order, dtype=np.int64)[val_idx]
-    val_idx = np.sort(val_idx)
+    held = []
+    for part in (val, test):
+        idx = np.concatenate(part) if part else np.zeros(0, dtype=np.int64)
+        if order is not None:
+            idx = np.asarray(order, dtype=np.int64)[idx]
+        held.append(np.sort(idx).astype(np.int64))
     mask = np.ones(total, dtype=bool)
-    mask[val_idx] = False
-    return np.flatnonzero(mask).astype(np.int64), val_idx.astype(np.int64)
+    for idx in held:
+        mask[idx] = False
+    return np.flatnonzero(mask).astype(np.int64), held[0], held[1]
 
 
-def split_rows(name: str, counts, fraction: float, seed: int, directory=None, order=None):
-    """The rows of split ``name`` ("train" or "val"): a LazyArray over a file in ``directory``, written
-    atomically the first time, or, with no ``directory``, an InMemoryArray. Same arguments, same rows."""
-    if name not in ("train", "val"):
-        raise ValueError(f"a seeded split is 'train' or 'val', not {name!r}")
+def _sizes(counts, fraction: float, test_fraction: float) -> dict[str, int]:
+    counts = [int(n) for n in counts]
+    val = sum(round(fraction * n) for n in counts)
+    test = sum(round(test_fraction * n) for n in counts)
+    return {"train": sum(counts) - val - test, "val": val, "test": test}
+
+
+def split_rows(name: str, counts, fraction: float, seed: int, directory=None, order=None, test_fraction=0.0):
+    """The rows of split ``name`` ("train", "val" or "test"): a LazyArray over a file in ``directory``,
+    written atomically the first time, or, with no ``directory``, an InMemoryArray. Same arguments,
+    same rows."""
+    if name not in PARTS:
+        raise ValueError(f"a seeded split is one of {', '.join(PARTS)}, not {name!r}")
     if directory is None:
-        return InMemoryArray(stratified_split(counts, fraction, seed, order)[name == "val"])
+        return InMemoryArray(
+            stratified_split(counts, fraction, seed, order, test_fraction)[PARTS.index(name)]
+        )
     directory = Path(directory)
-    tag = f"split-{seed}-{fraction:.6g}"
-    paths = {part: directory / f"{tag}-{part}.npy" for part in ("train", "val")}
+    tag = f"split-{seed}-{fraction:.6g}" + (f"-test-{test_fraction:.6g}" if test_fraction else "")
+    parts = PARTS if test_fraction else PARTS[:2]
+    paths = {part: directory / f"{tag}-{part}.npy" for part in parts}
     first_use = not any(p.exists() or p.with_name(p.name + ".sum").exists() for p in paths.values())
-    if first_use or not _sound(paths, counts, fraction):
-        for part, rows in zip(("train", "val"), stratified_split(counts, fraction, seed, order)):
-            save_array(paths[part], rows)
+    if first_use or not _sound(paths, counts, fraction, test_fraction):
+        for part, rows in zip(PARTS, stratified_split(counts, fraction, seed, order, test_fraction)):
+            if part in paths:
+                save_array(paths[part], rows)
     return LazyArray(paths[name])
 
 
-def _sound(paths: dict, counts, fraction: float) -> bool:
-    """Whether the cached train/val rows can be trusted: both read back, sorted, in range, with the sizes
-    the split must have. O(samples) in numpy, a few ms at 1M; a damaged pair is rewritten with a warning."""
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    val_size = int(sum(round(fraction * int(n)) for n in counts))
+def _sound(paths: dict, counts, fraction: float, test_fraction: float) -> bool:
+    """Whether the cached split rows can be trusted: each reads back, sorted, in range, with the size
+    the split must have. O(samples) in numpy, a few ms at 1M; a damaged set is rewritten with a warning."""
+    total = int(np.asarray(counts, dtype=np.int64).sum())
+    sizes = _sizes(counts, fraction, test_fraction)
     try:
-        for path in paths.values():
+        for part, path in paths.items():
             reason = check_array(path)
             if reason:
                 raise ValueError(reason)
-        train, val = (np.load(paths[part], mmap_mode="r") for part in ("train", "val"))
-        for part, rows, size in (("train", train, total - val_size), ("val", val, val_size)):
+            rows, size = np.load(path, mmap_mode="r"), sizes[part]
             if rows.shape != (size,) or rows.dtype != np.int64:
                 raise ValueError(f"{part}: shape {rows.shape}, dtype {rows.dtype}; expected ({size},) int64")
             if size and (rows[0] < 0 or rows[-1] >= total or np.any(rows[1:] <= rows[:-1])):
@@ -93,7 +125,12 @@ def _sound(paths: dict, counts, fraction: float) -> bool:
     return True
 
 
-SPLITS = ("train", "val", "all")  # all: every sample of the source, in its order (what conversions read)
+SPLITS = (
+    "train",
+    "val",
+    "test",
+    "all",
+)  # all: every sample of the source, in its order (what conversions read)
 
 
 def check_split(name: str) -> str:
@@ -102,10 +139,15 @@ def check_split(name: str) -> str:
     return name
 
 
-def subset_for(name: str, counts, fraction: float, seed: int, directory=None, order=None):
-    """The rows of split ``name`` of one source: None for every row ("all", or "train" without a val
-    share), else the seeded split's rows (``split_rows``)."""
+def subset_for(name: str, counts, fraction: float, seed: int, directory=None, order=None, test_fraction=0.0):
+    """The rows of split ``name`` of one source: None for every row ("all", or "train" with nothing
+    held out), else the seeded split's rows (``split_rows``)."""
     check_split(name)
-    if name == "all" or (name == "train" and not fraction):
+    if name == "all" or (name == "train" and not fraction and not test_fraction):
         return None
-    return split_rows(name, counts, fraction, seed, directory, order)
+    return split_rows(name, counts, fraction, seed, directory, order, test_fraction)
+
+
+def no_test_split(source: str, keys: str) -> ValueError:
+    """The error for ``trainer.test`` on a source configured without a test split."""
+    return ValueError(f"{source} has no test split: set {keys}")

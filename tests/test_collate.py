@@ -118,13 +118,13 @@ def test_uint8_without_buffer_reuse_gives_every_batch_its_own_segment():
 
 
 def test_a_pooled_batch_changed_in_the_worker_still_crosses_intact():
-    """A collate that wraps collate=uint8 and edits the batch (``_replace``) in the worker: the batch
+    """A collate that wraps collate=uint8 and edits the batch (``replace``) in the worker: the batch
     arrives whole, as a plain Batch; only its segment is not reused."""
 
     class Relabel(Uint8Collate):
         def __call__(self, samples):
             batch = super().__call__(samples)
-            return batch._replace(label=batch.label + 1000)
+            return batch.replace(label=batch.label + 1000)
 
     # timeout: a batch that cannot be pickled is lost in the worker's queue thread, and the loader would wait
     loader = torch.utils.data.DataLoader(

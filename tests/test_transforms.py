@@ -163,7 +163,9 @@ def test_workers_and_ranks_draw_different_augmentations(tmp_path):
             return f"same[{i}]"
 
     def first_batches(rank: int) -> list[torch.Tensor]:
-        dm = ImageDataModule(source=None, collate=DefaultCollate(), batch_size=1, num_workers=2)
+        dm = ImageDataModule(
+            source=SimpleNamespace(classes=["same"]), collate=DefaultCollate(), batch_size=1, num_workers=2
+        )
         dm.trainer = SimpleNamespace(
             world_size=2, global_rank=rank, num_devices=2, accelerator=CPUAccelerator()
         )

@@ -64,16 +64,17 @@ class PooledBatch(Batch):
     frees it. It behaves as a ``Batch``; unpickled in the main process it becomes a plain ``Batch``."""
 
     def __reduce__(self):
-        if not hasattr(self, "_flags"):  # made by _replace/_make: its slot stays taken, the data is safe
-            return Batch, tuple(self)
-        return _received, (tuple(self), self._flags, self._slot)
+        fields = (self.image, self.label, self.mask, self.paths)
+        if not hasattr(self, "_flags"):  # made by replace(): its slot stays taken, the data is safe
+            return Batch, fields
+        return _received, (fields, self._flags, self._slot)
 
 
 def _received(fields, flags: torch.Tensor, slot: int) -> Batch:
     batch = Batch(*fields)
     # The labels rode in the image's segment; a copy of their few bytes lets a caller keep labels
     # (metrics often do) without keeping the whole segment, and its slot, alive.
-    batch = batch._replace(label=batch.label.clone())
+    batch.label = batch.label.clone()
     weakref.finalize(batch.image.untyped_storage(), _release, flags, slot)
     return batch
 
@@ -122,7 +123,7 @@ class BatchPool:
         def finish(batch: Batch) -> Batch:
             if slot is None:
                 return batch
-            pooled = PooledBatch(*batch)
+            pooled = PooledBatch(batch.image, batch.label, batch.mask, batch.paths)
             pooled._flags, pooled._slot = self._flags, slot
             return pooled
 

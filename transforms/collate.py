@@ -13,7 +13,7 @@ from torch.utils.data import default_collate
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import BatchPool, empty
 
-__all__ = ["Batch", "DefaultCollate", "PadCollate", "Uint8Collate"]
+__all__ = ["Batch", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
 
 
 def _labels(samples) -> torch.Tensor:
@@ -120,3 +120,21 @@ class PadCollate:
             out[k, :, : x.shape[1], : x.shape[2]].copy_(x)
             mask[k, : x.shape[1], : x.shape[2]] = True
         return out, mask
+
+
+class WithPaths:
+    """Any collate, for samples that carry their file's path (``(image, label, path)``, predict): the
+    wrapped collate stacks ``(image, label)`` as usual and the batch carries the paths, in batch order."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, samples) -> Batch:
+        batch = self.collate([s[:2] for s in samples])
+        if not isinstance(batch, Batch):
+            raise TypeError(
+                f"data.collate {self.collate!r} returned a {type(batch).__name__}; predict batches carry file "
+                "paths, so the collate must return a feedline.transforms.batch.Batch"
+            )
+        batch.paths = tuple(s[2] for s in samples)  # set in place: a pooled batch keeps its slot
+        return batch

@@ -1,0 +1,51 @@
+"""The datamodule's parts (source, transforms, collate): built from their config, which the checkpoint keeps.
+
+``data`` is instantiated with ``_recursive_: false``, so ``ImageDataModule`` receives each part as its
+config node, builds it here, and saves the resolved config as a hyper-parameter: a checkpoint holds the
+whole data config (``datamodule_hyper_parameters``) in plain containers that ``torch.load(weights_only=True)``
+reads, and ``ImageDataModule.load_from_checkpoint(path)`` builds the same datamodule again. A part given
+as an object (Python, LightningCLI) is kept as it is and recorded by its description only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
+
+
+def is_config(value) -> bool:
+    return OmegaConf.is_dict(value) or (isinstance(value, Mapping) and "_target_" in value)
+
+
+def build(value, key: str) -> tuple[Any, Any]:
+    """(the part, what the checkpoint records of it) for ``data.<key>``: a config node is instantiated
+    and recorded as resolved plain containers; an object is used as it is and recorded by its repr."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        if value.startswith(DESCRIBED):
+            raise ValueError(
+                f"data.{key} was given as an object when this checkpoint was written, so it holds a description "
+                f"({value[len(DESCRIBED) :].strip()[:200]}), not a config: pass {key}=... to rebuild the datamodule"
+            )
+        raise TypeError(f"data.{key}={value!r} is neither a config with a _target_ nor an object")
+    if is_config(value):
+        try:
+            plain = OmegaConf.to_container(OmegaConf.create(value), resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue as err:
+            name = f"{key}.{err.full_key}" if err.full_key else key
+            raise ValueError(
+                f"{name} is required and unset: set {name}=... (on the command line or in the config)"
+            ) from None
+        if "_target_" not in plain:
+            raise ValueError(
+                f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
+            )
+        return instantiate(plain), plain
+    return value, f"{DESCRIBED} {type(value).__module__}.{type(value).__qualname__}: {value!r}"
