@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from feedline.cli.instantiate import instantiate, require
+from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.report import print_report
@@ -130,7 +130,8 @@ def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: i
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
-    bench(cfg)
+    with short_errors():
+        bench(cfg)
 
 
 if __name__ == "__main__":

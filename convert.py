@@ -12,7 +12,7 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from feedline.cli.instantiate import instantiate, require
+from feedline.cli.instantiate import instantiate, require, short_errors
 
 log = logging.getLogger("feedline")
 
@@ -41,7 +41,8 @@ def run_convert(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="convert")
 def main(cfg: DictConfig) -> None:
-    run_convert(cfg)
+    with short_errors():
+        run_convert(cfg)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
-from feedline.cli.instantiate import instantiate, instantiate_all, require
+from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.trainer_keys import check_trainer_keys
 
 log = logging.getLogger("feedline")
@@ -92,7 +92,8 @@ def _report(summary: dict) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    with short_errors():
+        train(cfg)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import sys
 
 import hydra
 from hydra.errors import InstantiationException
@@ -52,3 +55,19 @@ def instantiate_all(cfg: DictConfig | None, key: str) -> list:
     if not cfg:
         return []
     return [instantiate(node, f"{key}.{name}") for name, node in cfg.items() if node is not None]
+
+
+@contextlib.contextmanager
+def short_errors():
+    """An error that names its config key (``source.root '/x' does not exist``) is the whole story: print it
+    alone, without the traceback above it, and exit 1. ``HYDRA_FULL_ERROR=1`` shows the traceback again."""
+    try:
+        yield
+    except (OSError, ValueError, TypeError) as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _NAMES_A_KEY.search(str(err)):
+            raise
+        print(
+            f"Error: {err}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None

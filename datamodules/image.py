@@ -34,7 +34,7 @@ from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
-from feedline.transforms.collate import Batch, DefaultCollate, WithPaths
+from feedline.transforms.collate import Batch, Collate, DefaultCollate, WithPaths
 from feedline.transforms.stacks import TransformStacks
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class ImageDataModule(L.LightningDataModule):
         self,
         source: Source | dict[str, Any],
         transforms: TransformStacks | dict[str, Any] | None = None,
-        collate: Any = None,
+        collate: Collate | dict[str, Any] | None = None,
         batch_size: int = _DEFAULTS.batch_size,
         global_batch_size: int | None = _DEFAULTS.global_batch_size,
         num_workers: int | str = _DEFAULTS.num_workers,

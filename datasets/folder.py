@@ -14,7 +14,7 @@ import numpy as np
 from feedline.datasets.cache import check_refresh
 from feedline.datasets.index import FolderIndex, PackedIndex, open_index
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
-from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
+from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
@@ -50,7 +50,7 @@ class FolderRecords(Records):
         return self.path_and_label(row)[0]
 
 
-class FolderSource:
+class FolderSource(Source):
     """Class folders under ``root``. Val from ``val_root`` or a seeded, stratified ``val_fraction`` of
     ``root``; test likewise from ``test_root`` or ``test_fraction``."""
 

@@ -15,7 +15,7 @@ import numpy as np
 from feedline.datasets.cache import cache_path, check_array, save_array
 from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, check_labels, inspect_file, open_hdf5
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
-from feedline.datasets.records import LazyArray, Records
+from feedline.datasets.records import LazyArray, Records, Source
 from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class HDF5Records(Records):
         return f"{self.path}:{self.images_key}[{row}]"
 
 
-class HDF5Source:
+class HDF5Source(Source):
     """Samples from one HDF5 file; val from ``val_path`` or a seeded, stratified ``val_fraction``; test
     likewise from ``test_path`` or ``test_fraction``."""
 

@@ -18,7 +18,7 @@ import os
 from feedline.datasets.cache import cache_path, check_refresh, json_checksum, stale_dirs, write_text
 from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
 from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
-from feedline.datasets.records import Records, class_folders, read_bytes, require_dir
+from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
 from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class LazyFolderRecords(Records):
         return self.path_and_label(row)[0]
 
 
-class LazyFolderSource:
+class LazyFolderSource(Source):
     """Class folders of files named by index. Val (and test) come from a seeded, stratified
     ``val_fraction`` (``test_fraction``): the same split ``folder`` draws, so a tree and its lazy layout
     validate on the same samples. ``test_root``: a lazy layout of its own for test."""

@@ -7,6 +7,7 @@ list, and opens memory maps lazily in the process that reads.
 
 from __future__ import annotations
 
+import abc
 import os
 import stat
 from typing import Any, Protocol, runtime_checkable
@@ -25,16 +26,27 @@ class RecordSet(Protocol):
     def describe(self, i: int) -> str: ...
 
 
-@runtime_checkable
-class Source(Protocol):
-    """What the datamodule needs of a data backend, and nothing else."""
+class Source(abc.ABC):
+    """What the datamodule needs of a data backend, and nothing else: ``classes``, ``prepare()`` and
+    ``split(name) -> RecordSet``. A class with these three is a Source whether or not it inherits from
+    this one; feedline's sources inherit, so LightningCLI can offer them as ``--data.source`` choices."""
 
     @property
+    @abc.abstractmethod
     def classes(self) -> list[str]: ...
 
+    @abc.abstractmethod
     def prepare(self) -> None: ...
 
+    @abc.abstractmethod
     def split(self, name: str) -> RecordSet: ...
+
+    @classmethod
+    def __subclasshook__(cls, other):
+        if cls is Source:
+            names = ("classes", "prepare", "split")
+            return all(any(n in vars(base) for base in other.__mro__) for n in names) or NotImplemented
+        return NotImplemented
 
 
 def read_bytes(path: str) -> np.ndarray:

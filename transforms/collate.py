@@ -13,7 +13,22 @@ from torch.utils.data import default_collate
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import BatchPool, empty
 
-__all__ = ["Batch", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
+__all__ = ["Batch", "Collate", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
+
+
+class Collate:
+    """A collate: ``__call__(samples) -> Batch``. The datamodule takes any callable (a function too);
+    feedline's collates inherit from this class so LightningCLI can offer them as ``--data.collate``
+    choices (it declares no ``__call__`` itself: jsonargparse would then pass the class, not an instance)."""
+
+    @classmethod
+    def __subclasshook__(cls, other):
+        if cls is Collate:
+            return (
+                any("__call__" in vars(base) for base in other.__mro__ if base is not object)
+                or NotImplemented
+            )
+        return NotImplemented
 
 
 def _labels(samples) -> torch.Tensor:
@@ -25,7 +40,7 @@ _SIZE_HINT = (
 )
 
 
-class DefaultCollate:
+class DefaultCollate(Collate):
     """torch's ``default_collate``, returned as a ``Batch``."""
 
     def __call__(self, samples) -> Batch:
@@ -40,7 +55,7 @@ def _is_channels_last(image: torch.Tensor) -> bool:
     return image.dim() == 3 and image.shape[0] > 1 and image.stride(0) == 1
 
 
-class Uint8Collate:
+class Uint8Collate(Collate):
     """Stack uint8 images into one preallocated tensor that the loader can pin as it is. In a worker the
     tensor (and the labels) sit in one shared-memory segment that crosses to the main process uncopied,
     and that the worker reuses once the main process has freed it (``reuse_buffers``, see
@@ -73,7 +88,7 @@ class Uint8Collate:
         return finish(Batch(out, label))
 
 
-class PadCollate:
+class PadCollate(Collate):
     """Variable-sized samples -> one batch padded to the largest, with a mask that is True on real data.
 
     Images (C, H, W) are padded at the bottom and right; sequences (L, ...) are padded at the end through
@@ -122,7 +137,7 @@ class PadCollate:
         return out, mask
 
 
-class WithPaths:
+class WithPaths(Collate):
     """Any collate, for samples that carry their file's path (``(image, label, path)``, predict): the
     wrapped collate stacks ``(image, label)`` as usual and the batch carries the paths, in batch order."""
 
