@@ -215,7 +215,7 @@ class ImageDataModule(L.LightningDataModule):
     def _world(self) -> tuple[int, int, int, bool]:
         trainer = self.trainer
         if trainer is None:
-            return 1, 0, 1, False
+            return 1, 0, 1, torch.cuda.is_available()  # a plain loop: pin when a GPU is there to copy to
         on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
         return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices), on_gpu
 

@@ -188,8 +188,22 @@ class HDF5Source(Source):
 
     def _cache(self, path: str):
         st = os.stat(path)
-        key = [path, self.labels_key, st.st_size, st.st_mtime_ns]
+        key = [path, self.labels_key, st.st_size, st.st_mtime_ns, self._label_map(path)]
         return cache_path("hdf5", os.path.splitext(os.path.basename(path))[0], key, self.cache_dir)
+
+    def _label_map(self, path: str) -> list[int] | None:
+        """For a val or test file whose classes differ from the training file's: its label -> the training
+        label of the class of that name. None when the classes agree (or for the training file)."""
+        if path == self.path or self._given_classes:
+            return None
+        own, classes = self._files[path]["classes"], self.classes
+        if own == classes[: len(own)]:
+            return None
+        unknown = sorted(set(own) - set(classes))
+        if unknown:
+            key = "source.val_path" if path == self.val_path else "source.test_path"
+            raise ValueError(f"{key} '{path}' has classes that source.path lacks: {', '.join(unknown[:10])}")
+        return [classes.index(name) for name in own]
 
     def _labels(self, path: str):
         """The labels of ``path``, checked once and cached as an int64 array beside the split arrays. A
@@ -209,10 +223,15 @@ class HDF5Source(Source):
                 return target
             except (OSError, ValueError) as err:
                 log.warning("label cache %s is damaged (%s); rebuilding it", target, err)
+        mapping = self._label_map(path)
         with open_hdf5(path) as f:
             values = check_labels(
-                f[self.labels_key][:], classes, f"source.path '{path}': labels '{self.labels_key}'"
+                f[self.labels_key][:],
+                len(mapping) if mapping else classes,
+                f"source.path '{path}': labels '{self.labels_key}'",
             )
+        if mapping:
+            values = np.asarray(mapping, dtype=np.int64)[values]
         save_array(target, values)
         return target
 

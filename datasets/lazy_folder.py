@@ -181,7 +181,7 @@ class LazyFolderSource(Source):
                 return self._test_tree()
             if not self.test_fraction:
                 raise no_test_split(
-                    repr(self), "source.test_fraction=0.1 or source.test_root=<a lazy layout>"
+                    repr(self), "source.test_root=<a lazy layout> or source.test_fraction=0.1"
                 )
         m = self._layout()
         starts = [0]

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,44 @@ def make_cfg(tmp_path):
 
 
 FAST = ["trainer.fast_dev_run=true", "trainer.accelerator=cpu", "data.num_workers=0", "data.batch_size=4"]
+
+
+UNSHIPPED = (
+    ".git",
+    ".venv",
+    "build",
+    "logs",
+    ".data",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+)
+
+
+@pytest.fixture(scope="session")
+def feedline_wheel(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel built from this checkout, a directory it is installed into with ``--target``): put that
+    directory on PYTHONPATH to run against the installed package rather than the checkout. Built from a
+    copy: setuptools leaves build/ behind in the tree it builds, and a checkout's own build/ (from an
+    earlier build) could hold modules that no longer exist."""
+    base = tmp_path_factory.mktemp("wheel")
+    source = base / "source"
+    shutil.copytree(ROOT_DIR, source, ignore=shutil.ignore_patterns(*UNSHIPPED))
+    pip = [sys.executable, "-m", "pip"]
+    wheels = base / "wheels"
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, source],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("feedline-*.whl")
+    site = base / "site"
+    subprocess.run(
+        [*pip, "install", "--no-deps", "-q", "--target", site, wheel],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return wheel, site

@@ -166,3 +166,20 @@ def test_a_required_key_left_unset_is_named_by_its_full_key(make_cfg, entry, ove
     cfg = make_cfg(*overrides, config=entry)
     with pytest.raises(ValueError, match=rf"^{key} must be set: add {key}=\.\.\."):
         (train if entry == "train" else run_convert)(cfg)
+
+
+@pytest.mark.slow
+def test_the_commands_print_an_error_that_names_its_key_alone(tmp_path):
+    """No traceback above the message that says what to fix; HYDRA_FULL_ERROR=1 brings it back."""
+    from tests.helpers import console_script
+
+    args = [console_script("feedline-train"), "source=folder", f"source.root={tmp_path / 'nowhere'}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["FEEDLINE_CACHE_DIR"] = str(tmp_path / "cache")
+    short = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert short.returncode == 1 and "Traceback" not in short.stderr
+    assert f"Error: source.root '{tmp_path / 'nowhere'}' does not exist" in short.stderr
+    full = subprocess.run(
+        args, cwd=tmp_path, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True, timeout=300
+    )
+    assert full.returncode == 1 and "Traceback" in full.stderr

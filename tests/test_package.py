@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -104,44 +103,9 @@ def test_no_import_circles():
         visit(module, [])
 
 
-UNSHIPPED = (
-    ".git",
-    ".venv",
-    "build",
-    "logs",
-    ".data",
-    "*.egg-info",
-    "__pycache__",
-    ".pytest_cache",
-    ".ruff_cache",
-)
-
-
 @pytest.mark.slow
-def test_the_wheel_installs_feedline_and_nothing_else_top_level(tmp_path):
-    # Built from a copy: setuptools leaves build/ behind in the tree it builds, and a checkout's own build/
-    # (from an earlier build) could hold modules that no longer exist.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT_DIR, source, ignore=shutil.ignore_patterns(*UNSHIPPED))
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            wheels,
-            source,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = wheels.glob("feedline-*.whl")
+def test_the_wheel_installs_feedline_and_nothing_else_top_level(feedline_wheel, tmp_path):
+    wheel, site = feedline_wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {
         "feedline",
@@ -152,13 +116,6 @@ def test_the_wheel_installs_feedline_and_nothing_else_top_level(tmp_path):
     assert "feedline/train.py" in names
     assert not [n for n in names if n.startswith(("feedline/tests/", "feedline/benchmarks/"))]
 
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, wheel],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
     probe = (
         "import feedline.datamodules.image as m, feedline.writers.derived\n"
         "from hydra import compose, initialize_config_module\n"

@@ -2,7 +2,7 @@
 
 Every source reads the same tiny class-folder tree, in its own form: the tree itself (``folder``), its
 lazy layout, and its HDF5 conversions. Each must pickle small, give workers the very records the main
-process sees, split train/val disjointly and by seed, and follow the bad-sample policy.
+process sees, split train/val/test disjointly and by seed, and follow the bad-sample policy.
 """
 
 from __future__ import annotations
@@ -95,6 +95,36 @@ def test_splits_are_disjoint_stratified_and_seeded(kind, tmp_path):
     assert positions[0] == positions[1] and positions[0] != positions[2]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_test_fraction_holds_out_a_third_disjoint_stratified_split(kind, tmp_path):
+    source = make_source(kind, tmp_path, val_fraction=0.3, test_fraction=0.2, seed=1)
+    train, val, test, every = (set(rows(source.split(n))) for n in ("train", "val", "test", "all"))
+    assert train.isdisjoint(val) and train.isdisjoint(test) and val.isdisjoint(test)
+    assert train | val | test == every
+    assert sorted(label for _, label in test) == [0] * 2 + [1] * 2 + [2] * 2  # round(0.2 * 10) per class
+    assert sorted(label for _, label in val) == [0] * 3 + [1] * 3 + [2] * 3
+    # Without a test share, val is the train/val split's own: adding test_fraction=0 changes nothing.
+    plain = make_source(kind, tmp_path / "plain", val_fraction=0.3, seed=1, test_fraction=0.0)
+    old = make_source(kind, tmp_path / "old", val_fraction=0.3, seed=1)
+    assert [plain.split("val").row(i) for i in range(9)] == [old.split("val").row(i) for i in range(9)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_source_without_a_test_split_says_which_keys_make_one(kind, tmp_path):
+    source = make_source(kind, tmp_path, val_fraction=0.3)
+    with pytest.raises(
+        ValueError, match=r"no test split: set source\.test_(root|path)=.*source\.test_fraction"
+    ):
+        source.split("test")
+
+
+@pytest.mark.parametrize("val, test", [(0.6, 0.4), (0.0, 1.0), (0.5, -0.1)])
+def test_held_out_shares_must_leave_something_to_train_on(val, test, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    with pytest.raises(ValueError, match=r"source\.(val|test)_fraction"):
+        FolderSource(tree, val_fraction=val, test_fraction=test)
+
+
 @pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5"])  # raw rows are never decoded
 def test_bad_sample_is_named_and_skipped_or_raised(kind, tmp_path, caplog):
     source = make_source(kind, tmp_path, corrupt=4, val_fraction=0)
@@ -108,3 +138,36 @@ def test_bad_sample_is_named_and_skipped_or_raised(kind, tmp_path, caplog):
     assert label == records[5][1] and image.shape[0] == 3  # the next readable sample stands in
     batch = SampleDataset(records, on_bad_sample="skip").__getitems__([3, 4, 5])
     assert [label for _, label in batch] == [records[3][1], records[5][1], records[5][1]]
+
+
+def test_test_trees_and_files_are_labelled_by_the_training_classes(tmp_path):
+    """source.test_root (folder, lazy_folder) and source.test_path (hdf5): read whole, labelled with the
+    classes of the training data, even when the test data lacks a class."""
+    tree = simple_tree(tmp_path / "tree", per_class=4)
+    held = simple_tree(tmp_path / "held", classes=("dog", "eel"), per_class=2)  # no "cat": labels 1 and 2
+    cache = tmp_path / "cache"
+    folder = FolderSource(tree, test_root=held, test_fraction=0.5, cache_dir=cache)
+    assert folder.test_fraction == 0.0  # the tree replaces the share: train keeps every sample
+    layout(held, str(tmp_path / "held_lazy"), cache_dir=str(cache))
+    layout(tree, str(tmp_path / "lazy"), cache_dir=str(cache))
+    lazy = LazyFolderSource(tmp_path / "lazy", test_root=tmp_path / "held_lazy", cache_dir=cache)
+    out = HDF5WriteOptions(path=str(tmp_path / "test.h5"), workers=1)
+    convert_source(FolderSource(held, cache_dir=cache), out)
+    out_train = HDF5WriteOptions(path=str(tmp_path / "train.h5"), workers=1)
+    convert_source(FolderSource(tree, cache_dir=cache), out_train)
+    # A file's labels index its own classes (dog=0, eel=1 here); they are read as the training file's.
+    hdf5 = HDF5Source(out_train.path, test_path=out.path, cache_dir=cache)
+    for source in (folder, lazy, hdf5):
+        source.prepare()
+        test = source.split("test")
+        assert sorted(test[i][1] for i in range(len(test))) == [1, 1, 2, 2]
+        assert len(source.split("train")) + len(source.split("val")) == 12
+    assert hdf5.split("test").path == out.path
+
+
+def test_a_test_tree_with_an_unknown_class_is_refused_by_name(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    held = simple_tree(tmp_path / "held", classes=("cat", "yak"), per_class=1)
+    source = FolderSource(tree, test_root=held)
+    with pytest.raises(ValueError, match=r"source\.test_root .* classes that source\.root lacks: yak"):
+        source.split("test")
