@@ -3,6 +3,7 @@
 python train.py                                   # the embedded digits default
 python train.py source=folder source.root=/data/train transforms=imagenet
 python train.py --cfg job                         # print the composed config
+python train.py ... ckpt_path=last                # resume where the run stopped (mid-epoch included)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def train(cfg: DictConfig) -> dict:
     loggers = instantiate_all(cfg.get("logger"), "logger")
     trainer = instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     check_launch(trainer)
-    trainer.fit(model, datamodule=datamodule)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     throughput = next((c for c in callbacks if isinstance(c, ThroughputMonitor)), None)

@@ -12,6 +12,7 @@ on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 ->
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import lightning as L
@@ -30,6 +31,7 @@ from feedline.datamodules.knobs import (
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build
+from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, batch_seed, check_resume_mode
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
@@ -69,6 +71,8 @@ class ImageDataModule(L.LightningDataModule):
         max_pixels: int | None = _DEFAULTS.max_pixels,
         predict_root: str | None = _DEFAULTS.predict_root,
         memory_format: str = _DEFAULTS.memory_format,
+        seed: int | None = _DEFAULTS.seed,
+        resume: str = _DEFAULTS.resume,
     ):
         super().__init__()
         self.source, source_config = build(source, "source")
@@ -94,6 +98,9 @@ class ImageDataModule(L.LightningDataModule):
         self.max_pixels = max_pixels
         self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
         self.memory_format = parse_memory_format(memory_format)
+        self.seed = seed
+        self.resume = check_resume_mode(resume)
+        self.position = Position()  # the train loader's, in its epoch; saved through the loader's state_dict
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
@@ -116,6 +123,8 @@ class ImageDataModule(L.LightningDataModule):
                 "max_pixels": max_pixels,
                 "predict_root": self.predict_root,
                 "memory_format": memory_format,
+                "seed": seed,
+                "resume": self.resume,
             }
         )
 
@@ -167,10 +176,33 @@ class ImageDataModule(L.LightningDataModule):
             with_paths=split == "predict",
         )
 
-    def train_dataloader(self) -> DataLoader:
-        loader = self._loader("train", shuffle=True, drop_last=self.drop_last)
-        check_steps(len(loader.dataset), loader.batch_size, self._world()[0], self.drop_last)
-        return loader
+    def train_dataloader(self) -> ResumableLoader:
+        """Shuffled by (seed, epoch), split over the ranks here rather than by Lightning, and resumable
+        mid-epoch (``resume.py``)."""
+        dataset = self._split("train")
+        dataset.share_bad_samples()
+        settings = self.loader_settings()
+        world_size, rank = self._world()[:2]
+        check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
+        seed = self.run_seed()
+        sampler = EpochSampler(len(dataset), world_size, rank, True, seed, self.drop_last, self.position)
+        checks = {
+            "samples": len(dataset),
+            "classes": self.num_classes,
+            "batch_size": settings["batch_size"],
+            "world_size": world_size,
+            "seed": seed,
+            "drop_last": self.drop_last,
+        }
+        return ResumableLoader(
+            dataset, sampler=sampler, checks=checks, mode=self.resume, drop_last=self.drop_last, **settings
+        )
+
+    def run_seed(self) -> int:
+        """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""
+        if self.seed is not None:
+            return int(self.seed)
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def val_dataloader(self):
         if not len(self._split("val")):
@@ -186,20 +218,34 @@ class ImageDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         training = self.trainer is not None and self.trainer.training
-        return self.device_batch(batch, training) if isinstance(batch, Batch) else batch
+        seed = None
+        if training:  # one more training batch consumed: the position a checkpoint taken now records
+            seed = batch_seed(self.run_seed(), self.position.epoch, self.position.batches, self._world()[1])
+            self.position.batches += 1
+        return self.device_batch(batch, training, seed=seed) if isinstance(batch, Batch) else batch
 
     def device_batch(
-        self, batch: Batch, training: bool = False, device: torch.device | str | None = None
+        self,
+        batch: Batch,
+        training: bool = False,
+        device: torch.device | str | None = None,
+        seed: int | None = None,
     ) -> Batch:
         """What happens to a batch on the device: the batch stack (uint8 -> float, normalise), then, for
         training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix), in one memory
         format for every split (``data.memory_format``). Lightning calls it after each transfer; a plain
-        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first."""
+        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first.
+        ``seed``: the mix draws from a generator seeded with it (the same mix after a resume)."""
         self._bind_mix()
         if device is not None:
             batch = batch.to(device)
         image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
-        image, label = self.transforms.on_device(image, batch.label, training)
+        if seed is not None and training and self.transforms.mix is not None:
+            with torch.random.fork_rng(devices=[]):  # the mix of this batch, whatever ran before it
+                torch.manual_seed(seed)
+                image, label = self.transforms.on_device(image, batch.label, training)
+        else:
+            image, label = self.transforms.on_device(image, batch.label, training)
         image = self._format(image)  # a no-op unless a transform changed the layout
         if image.dim() == 4 and not image.is_floating_point():
             raise TypeError(

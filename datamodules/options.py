@@ -46,6 +46,8 @@ class DataConfig:
     reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much
     max_pixels: Optional[int] = None  # noqa: UP045 - an image claiming more is a bad sample; null: PIL's limit, 0: none
     predict_root: Optional[str] = None  # noqa: UP045 - trainer.predict: every image below it, sorted by path
-    memory_format: str = (
-        "contiguous"  # of image batches on the device, every split: contiguous | channels_last
+    memory_format: str = "contiguous"  # image batches on the device, every split: contiguous | channels_last
+    seed: Optional[int] = None  # noqa: UP045 - train order and augmentation; null: the run's seed, else 0
+    resume: str = (
+        "strict"  # a checkpoint whose loader state does not fit: strict (refuse) | lenient (restart epoch)
     )

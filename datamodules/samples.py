@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import torch
 from torch.utils.data import Dataset
 
 from feedline.datamodules.bad_samples import BadSampleError, BadSamples, check_max_bad_fraction
@@ -91,18 +92,23 @@ class SampleDataset(Dataset):
         payload, label = self.records[i]
         return self.decode(payload), label
 
-    def __getitem__(self, i: int):
-        return self._finish(i, None)
+    def __getitem__(self, key):
+        i, seed = _split(key)
+        return self._finish(i, None, seed)
 
-    def __getitems__(self, indices: list[int]) -> list:
-        """A whole batch, read as the source reads fastest (``read_many``)."""
+    def __getitems__(self, keys: list) -> list:
+        """A whole batch, read as the source reads fastest (``read_many``). A key is an index, or an
+        ``(index, seed)`` pair from the train sampler (``resume.py``): torch's generator is seeded with it
+        before the sample's transforms, so its augmentation is the same in any worker and after a resume."""
+        pairs = [_split(key) for key in keys]
+        indices = [i for i, _ in pairs]
         try:
             records = self.read_many(indices)
         except (OSError, DecodeError):  # fall back to one by one: the bad sample gets named there
-            return [self._finish(i, None) for i in indices]
-        return [self._finish(i, record) for i, record in zip(indices, records)]
+            return [self._finish(i, None, seed) for i, seed in pairs]
+        return [self._finish(i, record, seed) for (i, seed), record in zip(pairs, records)]
 
-    def _finish(self, i: int, record):
+    def _finish(self, i: int, record, seed: int | None = None):
         used = i
         try:
             if record is None:
@@ -117,6 +123,8 @@ class SampleDataset(Dataset):
                 ) from err
             self._flags().found(i, path, err)
             image, label, used = self._substitute(i)
+        if seed is not None:
+            torch.manual_seed(seed)
         if self.with_paths:
             return self.augment(image), label, self.records.describe(used)
         return self.augment(image), label
@@ -137,3 +145,7 @@ class SampleDataset(Dataset):
             except (OSError, DecodeError) as err:
                 self._flags().found(j, self.records.describe(j), err)
         raise BadSampleError(f"every sample of this split is unreadable ({n}): check the data")
+
+
+def _split(key) -> tuple[int, int | None]:
+    return (key[0], key[1]) if isinstance(key, tuple) else (key, None)

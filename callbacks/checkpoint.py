@@ -1,0 +1,22 @@
+"""ModelCheckpoint that can write ``last.ckpt`` inside the first epoch, whatever metric it monitors.
+
+Lightning's defers a step-interval save until the monitored metric exists, so with ``monitor: val/acc`` a run
+preempted in its first epoch has no checkpoint at all. This one still writes ``last.ckpt`` every
+``every_n_train_steps`` optimizer steps (the top-k files keep waiting for the metric), so a resume loses at
+most that many steps.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import ModelCheckpoint as _LightningCheckpoint
+
+
+class ModelCheckpoint(_LightningCheckpoint):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        every = self._every_n_train_steps
+        if not self.save_last or every < 1 or trainer.global_step % every or self._should_skip_saving_checkpoint(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and self.monitor not in candidates:  # Lightning deferred: last.ckpt now
+            self._save_last_checkpoint(trainer, candidates)

@@ -1,0 +1,194 @@
+"""Mid-epoch resume: a run killed with SIGKILL mid-epoch and resumed from its last checkpoint receives, from
+the checkpoint's step on, exactly the batches of an uninterrupted run with the same seed."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from feedline.datamodules.image import ImageDataModule
+from feedline.datamodules.resume import EpochSampler, ResumeError
+from feedline.datasets.folder import FolderSource
+from feedline.transforms.collate import Uint8Collate
+from feedline.transforms.stacks import TransformStacks
+from tests.conftest import ROOT_DIR
+from tests.helpers import simple_tree
+
+
+# -- the sampler and the loader state, in process --------------------------------------------------------
+@pytest.mark.parametrize("world_size, drop_last", [(1, False), (3, False), (3, True)])
+def test_each_sample_is_read_once_per_epoch_across_a_cut_at_any_batch(world_size, drop_last):
+    size, batch = 50, 4
+    for cut in range(0, 5):
+        seen = []
+        for rank in range(world_size):
+            whole = list(EpochSampler(size, world_size, rank, True, 7, drop_last))
+            sampler = EpochSampler(size, world_size, rank, True, 7, drop_last)
+            sampler.set_epoch(0)
+            sampler.start = cut * batch
+            assert list(sampler) == whole[cut * batch :]  # the very pairs, seeds included
+            seen += [i for i, _ in whole]
+        expected = size - size % world_size if drop_last else size
+        assert len(set(seen)) == expected  # every sample once (padding repeats a few, as DistributedSampler)
+    first, second = EpochSampler(size, 1, 0, True, 7, False), EpochSampler(size, 1, 0, True, 7, False)
+    second.set_epoch(1)
+    assert [i for i, _ in first] != [i for i, _ in second]  # a new order each epoch
+
+
+def small_dm(tree, **options) -> ImageDataModule:
+    stacks = TransformStacks(train=[lambda x: x + torch.randint(0, 2, (1,), dtype=torch.uint8)])  # random
+    return ImageDataModule(
+        FolderSource(tree, val_fraction=0),
+        stacks,
+        Uint8Collate(),
+        **{"batch_size": 3, "num_workers": 2, "seed": 5, **options},
+    )
+
+
+def digests(loader, n=None):
+    out = []
+    for k, batch in enumerate(loader):
+        if n is not None and k == n:
+            break
+        loader.position.batches += 1  # what on_after_batch_transfer counts under a Trainer
+        out.append((batch.image.clone(), batch.label.clone()))
+    return out
+
+
+def test_a_restored_loader_continues_with_the_very_batches_augmentations_included(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=5)  # 15 samples, 5 batches of 3
+    whole = digests(small_dm(tree).train_dataloader())
+    first = small_dm(tree).train_dataloader()
+    digests(first, 2)
+    state = first.state_dict()
+    assert state["batches"] == 2 and state["samples"] == 15 and state["batch_size"] == 3
+
+    resumed = small_dm(tree).train_dataloader()
+    resumed.load_state_dict(state)
+    rest = digests(resumed)
+    assert len(rest) == 3
+    for (image, label), (again, again_label) in zip(whole[2:], rest):
+        assert torch.equal(image, again) and torch.equal(label, again_label)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"per_class": 6}, "training samples 15 then, 18 now"),
+        ({"batch_size": 5}, "data.batch_size (per device) 3 then, 5 now"),
+        ({"seed": 6}, "seed 5 then, 6 now"),
+    ],
+)
+def test_a_checkpoint_that_does_not_fit_is_refused_or_restarts_the_epoch_when_lenient(
+    change, said, tmp_path, caplog
+):
+    tree = simple_tree(tmp_path / "tree", per_class=5)
+    first = small_dm(tree).train_dataloader()
+    digests(first, 2)
+    state = first.state_dict()
+    other = simple_tree(tmp_path / "other", per_class=change.pop("per_class", 5))
+    with pytest.raises(ResumeError, match=rf"{re.escape(said)}.*data\.resume=lenient"):
+        small_dm(other, **change).train_dataloader().load_state_dict(state)
+    lenient = small_dm(other, resume="lenient", **change).train_dataloader()
+    with caplog.at_level(logging.WARNING):
+        lenient.load_state_dict(state)
+    assert said in caplog.text and "restarts from its first batch" in caplog.text
+    assert lenient.sampler.start == 0 and lenient.position.batches == 0
+
+
+def test_a_changed_world_size_is_named(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=5)
+    loader = small_dm(tree).train_dataloader()
+    state = {**loader.state_dict(), "world_size": 2, "batches": 1}
+    with pytest.raises(ResumeError, match="processes \\(world size\\) 2 then, 1 now"):
+        loader.load_state_dict(state)
+
+
+def test_a_checkpoint_from_the_end_of_an_epoch_starts_the_next_one(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=5)
+    loader = small_dm(tree).train_dataloader()
+    loader.load_state_dict({**loader.state_dict(), "epoch": 3, "batches": 5})
+    assert loader.position.epoch == 4 and loader.sampler.epoch == 4 and loader.sampler.start == 0
+
+
+# -- kill -9 and resume, from the command line ----------------------------------------------------------
+def train(tmp_path, run: str, record: str, *overrides: str, kill_after_step: int | None = None):
+    probe = [
+        "+callbacks.record._target_=tests.resume_probe.RecordBatches",
+        f"+callbacks.record.path={tmp_path / record}",
+    ]
+    if kill_after_step is not None:
+        probe.append(f"+callbacks.record.kill_after_step={kill_after_step}")
+    args = [
+        sys.executable,
+        "train.py",
+        f"paths.output_dir={tmp_path / run}",
+        f"hydra.run.dir={tmp_path / run}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "trainer.max_epochs=2",
+        "trainer.accelerator=cpu",
+        "logger=none",
+        *probe,
+        *overrides,
+    ]
+    # A session of its own: the probe kills the whole process group, as a scheduler's SIGKILL would.
+    return subprocess.run(
+        args, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600, start_new_session=True
+    )
+
+
+def batches(path) -> dict[tuple[int, int], str]:
+    """(epoch, batch_idx) -> digest; a batch recorded twice (run again after the resume) must agree."""
+    seen: dict[tuple[int, int], str] = {}
+    for line in Path(path).read_text().splitlines():
+        epoch, index, digest = line.split()
+        key = (int(epoch), int(index))
+        assert seen.setdefault(key, digest) == digest, f"batch {key} differs after the resume"
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "setup, every, kill, ranks",
+    [
+        (
+            ["data.num_workers=2"],
+            4,
+            30,
+            1,
+        ),  # 23 steps an epoch: killed at epoch 1, batch 7; resumes from step 28
+        (
+            ["trainer=ddp_sim", "data.num_workers=1"],
+            3,
+            17,
+            2,
+        ),  # 12 steps an epoch per rank: killed at epoch 1, batch 5
+    ],
+    ids=["one-process-2-workers", "ddp_sim"],
+)
+def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run(
+    tmp_path, setup, every, kill, ranks
+):
+    options = [*setup, f"callbacks.model_checkpoint.every_n_train_steps={every}"]
+    reference = train(tmp_path, "reference", "reference", *options)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    killed = train(tmp_path, "run", "run", *options, kill_after_step=kill)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    resumed = train(tmp_path, "run", "run", *options, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumes epoch 1 at batch" in resumed.stderr + resumed.stdout
+    assert "dataloader is not resumable" not in resumed.stderr  # Lightning sees a stateful loader
+    for rank in range(ranks):
+        expected = batches(tmp_path / f"reference.rank{rank}")
+        assert batches(tmp_path / f"run.rank{rank}") == expected
+        lines = (tmp_path / f"run.rank{rank}").read_text().splitlines()
+        replayed = len(lines) - len(expected)
+        assert 0 <= replayed < every  # the resume replays at most the steps after the last checkpoint
