@@ -155,6 +155,16 @@ def test_slurm_launcher_config_ties_tasks_to_devices():
     assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert launcher["tasks_per_node"] == launcher["gpus_per_node"] == "${trainer.devices}"
     assert launcher["nodes"] == "${trainer.num_nodes}"
+    # Lightning's auto-requeue listens for SIGUSR1: the job script must ask SLURM for it, not for USR2.
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    script = _make_sbatch_string(
+        command="python -m job",
+        folder="/tmp/jobs",
+        signal_delay_s=launcher["signal_delay_s"],
+        additional_parameters=launcher["additional_parameters"],
+    )
+    assert "#SBATCH --signal=USR1@120" in script and "USR2" not in script
 
 
 @pytest.mark.parametrize(("total", "world", "expected"), [(64, 1, 64), (64, 2, 32), (96, 3, 32), (8, 8, 1)])
