@@ -15,7 +15,12 @@ class ModelCheckpoint(_LightningCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         every = self._every_n_train_steps
-        if not self.save_last or every < 1 or trainer.global_step % every or self._should_skip_saving_checkpoint(trainer):
+        if (
+            not self.save_last
+            or every < 1
+            or trainer.global_step % every
+            or self._should_skip_saving_checkpoint(trainer)
+        ):
             return
         candidates = self._monitor_candidates(trainer)
         if self.monitor is not None and self.monitor not in candidates:  # Lightning deferred: last.ckpt now

@@ -242,7 +242,7 @@ class ImageDataModule(L.LightningDataModule):
         image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
         if seed is not None and training and self.transforms.mix is not None:
             with torch.random.fork_rng(devices=[]):  # the mix of this batch, whatever ran before it
-                torch.manual_seed(seed)
+                torch.default_generator.manual_seed(seed)
                 image, label = self.transforms.on_device(image, batch.label, training)
         else:
             image, label = self.transforms.on_device(image, batch.label, training)
