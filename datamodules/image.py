@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.knobs import (
@@ -30,7 +31,7 @@ from feedline.datamodules.knobs import (
     resolve_pin_memory,
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
-from feedline.datamodules.parts import build
+from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, batch_seed, check_resume_mode
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
@@ -75,13 +76,21 @@ class ImageDataModule(L.LightningDataModule):
         resume: str = _DEFAULTS.resume,
     ):
         super().__init__()
+        missing = unrebuildable({"source": source, "transforms": transforms, "collate": collate})
+        if missing:
+            raise ValueError(
+                f"{', '.join(f'data.{k}' for k in missing)} {'was' if len(missing) == 1 else 'were'} given as "
+                "Python objects that no config rebuilds when this checkpoint was written, so it holds their "
+                f"description only: pass {', '.join(f'{k}=...' for k in missing)} to rebuild the datamodule"
+            )
         self.source, source_config = build(source, "source")
         if self.source is None:
             raise ValueError(
                 "data.source is required: pick one (source=folder source.root=...) or pass a source"
             )
         self.transforms, transforms_config = build(transforms, "transforms")
-        self.transforms = self.transforms or TransformStacks()
+        # No stack given: images reach the model as float in 0..1 (not normalised), never as uint8.
+        self.transforms = self.transforms or TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
         self.collate, collate_config = build(collate, "collate")
         self.collate = self.collate or DefaultCollate()
         self.batch_size = int(batch_size)
@@ -166,6 +175,15 @@ class ImageDataModule(L.LightningDataModule):
             raise ValueError(
                 f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
             )
+        share = getattr(self.source, f"{split}_fraction", 0) if split in ("val", "test") else 0
+        if share and not len(records):  # each class's share rounds to 0 samples
+            message = (
+                f"source.{split}_fraction={share} holds out no sample: each class's share rounds to 0; "
+                f"raise source.{split}_fraction"
+            )
+            if split == "test":
+                raise ValueError(f"the test split is empty: {message}")
+            log.warning("the val split is empty: %s", message)
         return SampleDataset(
             records,
             self.transforms.train if split == "train" else self.transforms.eval,

@@ -20,20 +20,16 @@ DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part
 
 
 def is_config(value) -> bool:
-    return OmegaConf.is_dict(value) or (isinstance(value, Mapping) and "_target_" in value)
+    return OmegaConf.is_dict(value) or isinstance(value, Mapping)
 
 
 def build(value, key: str) -> tuple[Any, Any]:
     """(the part, what the checkpoint records of it) for ``data.<key>``: a config node is instantiated
-    and recorded as resolved plain containers; an object is used as it is and recorded by its repr."""
+    and recorded as resolved plain containers; an object is used as it is and recorded by the config that
+    rebuilds it (``conf/rebuild.py``), else by its repr."""
     if value is None:
         return None, None
     if isinstance(value, str):
-        if value.startswith(DESCRIBED):
-            raise ValueError(
-                f"data.{key} was given as an object when this checkpoint was written, so it holds a description "
-                f"({value[len(DESCRIBED) :].strip()[:200]}), not a config: pass {key}=... to rebuild the datamodule"
-            )
         raise TypeError(f"data.{key}={value!r} is neither a config with a _target_ nor an object")
     if is_config(value):
         try:
@@ -44,8 +40,24 @@ def build(value, key: str) -> tuple[Any, Any]:
                 f"{name} is required and unset: set {name}=... (on the command line or in the config)"
             ) from None
         if "_target_" not in plain:
+            if (
+                "class_path" in plain
+            ):  # LightningCLI fell back to a plain dict: the class refused these arguments
+                raise ValueError(
+                    f"data.{key}: {plain['class_path']} does not take {sorted(plain.get('init_args') or {})}; "
+                    f"check the spelling of --data.{key}.<argument>"
+                )
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
         return instantiate(plain), plain
+    rebuild = getattr(value, "rebuild_config", None)
+    config = rebuild() if callable(rebuild) else None
+    if config is not None:
+        return value, config
     return value, f"{DESCRIBED} {type(value).__module__}.{type(value).__qualname__}: {value!r}"
+
+
+def unrebuildable(parts: dict) -> list[str]:
+    """The keys whose saved value is a description (a checkpoint written from objects that no config rebuilds)."""
+    return [key for key, value in parts.items() if isinstance(value, str) and value.startswith(DESCRIBED)]

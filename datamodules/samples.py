@@ -27,8 +27,8 @@ class SampleDataset(Dataset):
     ``max_bad_fraction`` of the split has turned out bad (``bad_samples.py``); with ``raise`` the error
     stops the run. Errors inside the transforms are configuration errors and always raise.
 
-    ``with_paths``: samples are ``(image, label, path)``, the path of what was actually read (predict: a
-    skipped file's substitute carries its own path, so no result is ever filed under the wrong file).
+    ``with_paths`` (predict): samples are ``(image, label, path)``, and a skipped file is None rather than
+    replaced, so the collate leaves it out of its batch: every file is predicted once or named as bad.
     """
 
     def __init__(
@@ -122,6 +122,8 @@ class SampleDataset(Dataset):
                     f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
                 ) from err
             self._flags().found(i, path, err)
+            if self.with_paths:
+                return None  # predict: the file is left out of its batch (``WithPaths``), never replaced
             image, label, used = self._substitute(i)
         if seed is not None:
             torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100

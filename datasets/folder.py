@@ -107,6 +107,9 @@ class FolderSource(Source):
         for key, path in self._roots():
             if path is not None:
                 self._index(path, key)
+        for key, path in self._roots()[1:]:  # a held-out tree with a class root lacks: say so before training
+            if path is not None:
+                self._tree_records(self._indexes[self.root], path, key)
 
     def _index(self, path: str, key: str) -> FolderIndex:
         if path not in self._indexes:

@@ -175,7 +175,7 @@ def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
     return index, None
 
 
-def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
+def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.root") -> FolderIndex:
     """Scan ``root`` and publish its index at ``dest`` atomically."""
     root = os.path.abspath(os.path.expanduser(root))
     extensions = normalize_extensions(extensions)
@@ -190,7 +190,7 @@ def build(root: str, extensions, dest: Path, workers="auto") -> FolderIndex:
             continue
         # Still changing: keep what we saw, but force a re-scan on the next load of these directories.
         scan.dirs = [(d, -1 if d in racy else m) for d, m in scan.dirs]
-    _check_not_empty(root, scan, extensions)
+    _check_not_empty(root, scan, extensions, key)
     seconds = (time.time_ns() - started) / 1e9
     remove_stale(_ensure_dir(dest.parent), dest.name)  # what a killed build left behind
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(dest.name), dir=dest.parent))
@@ -217,20 +217,20 @@ def _ensure_dir(path: Path) -> Path:
     return path
 
 
-def _check_not_empty(root: str, scan: TreeScan, extensions) -> None:
+def _check_not_empty(root: str, scan: TreeScan, extensions, key: str = "source.root") -> None:
     hint = f"supported extensions: {', '.join(extensions)}; set source.extensions=[...] to change them"
     if not scan.classes:
         raise FileNotFoundError(
-            f"source.root '{root}' has no class folders: expected {root}/<class>/<image> ({hint})"
+            f"{key} '{root}' has no class folders: expected {root}/<class>/<image> ({hint})"
         )
     empty = [c for c, n in zip(scan.classes, scan.counts) if n == 0]
     if len(empty) == len(scan.classes):
-        raise FileNotFoundError(f"Found 0 images in the class folders of source.root '{root}' ({hint})")
+        raise FileNotFoundError(f"Found 0 images in the class folders of {key} '{root}' ({hint})")
     if empty:
         shown = ", ".join(os.path.join(root, c) for c in empty[:5])
         more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
         raise FileNotFoundError(
-            f"{len(empty)} class folder(s) of source.root '{root}' hold no images: {shown}{more} "
+            f"{len(empty)} class folder(s) of {key} '{root}' hold no images: {shown}{more} "
             f"(remove them or add images; {hint})"
         )
 
@@ -315,4 +315,4 @@ def open_index(
             log.info("%s changed since it was indexed (%s); re-indexing", root, ", ".join(changed))
         elif reason != "missing":
             log.warning("index cache %s is unusable (%s); rebuilding it", dest, reason)
-    return build(root, extensions, dest, workers)
+    return build(root, extensions, dest, workers, key)

@@ -121,6 +121,8 @@ class LazyFolderSource(Source):
             self._manifest = self._build_manifest()
             self._manifest["checksum"] = json_checksum(self._manifest)
             write_text(self.manifest_dir / "manifest.json", json.dumps(self._manifest, ensure_ascii=False))
+        if self.test_root:
+            self._test_tree()  # its layout and classes, checked before training rather than at trainer.test
 
     def _load_manifest(self) -> dict | None:
         path = self.manifest_dir / "manifest.json"

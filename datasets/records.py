@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from feedline.conf.rebuild import Rebuildable
 from feedline.datasets.scan import list_classes
 
 
@@ -26,7 +27,7 @@ class RecordSet(Protocol):
     def describe(self, i: int) -> str: ...
 
 
-class Source(abc.ABC):
+class Source(Rebuildable, abc.ABC):
     """What the datamodule needs of a data backend, and nothing else: ``classes``, ``prepare()`` and
     ``split(name) -> RecordSet``. A class with these three is a Source whether or not it inherits from
     this one; feedline's sources inherit, so LightningCLI can offer them as ``--data.source`` choices."""

@@ -119,7 +119,7 @@ def test_predict_reads_every_image_below_the_root_in_path_order_each_with_its_pa
         ]  # the centre survives the crop
 
 
-def test_a_bad_file_in_predict_is_named_and_never_filed_under_a_wrong_path(tree, unlabeled, caplog):
+def test_a_bad_file_in_predict_is_named_and_left_out_never_filed_under_another_path(tree, unlabeled, caplog):
     root, values = unlabeled
     bad = os.path.join(root, "a", "z.png")
     with open(bad, "wb") as f:
@@ -128,12 +128,18 @@ def test_a_bad_file_in_predict_is_named_and_never_filed_under_a_wrong_path(tree,
         FolderSource(tree), batch_size=8, num_workers=0, predict_root=root, max_bad_fraction=0.5
     )
     batch = next(iter(dm.predict_dataloader()))
-    assert bad not in batch.paths and len(batch.paths) == len(values)
+    assert bad not in batch.paths and sorted(batch.paths) == sorted(set(values) - {bad})  # no duplicate
     assert [int(img.float().mean()) for img in batch.image] == [values[p] for p in batch.paths]
     assert bad in caplog.text
     strict = ImageDataModule(FolderSource(tree), num_workers=0, predict_root=root, on_bad_sample="raise")
     with pytest.raises(BadSampleError, match="z.png"):
         list(strict.predict_dataloader())
+
+
+def test_a_held_out_share_that_rounds_to_nothing_is_named(tree):
+    dm = ImageDataModule(FolderSource(tree, test_fraction=0.01), num_workers=0)
+    with pytest.raises(ValueError, match=r"test split is empty: source\.test_fraction=0\.01 holds out no sample"):
+        dm.setup("test")
 
 
 def test_predict_without_images_says_which_key_to_set(tree, tmp_path):
@@ -195,20 +201,50 @@ def test_a_checkpoint_holds_the_data_config_and_rebuilds_the_datamodule(make_cfg
     assert [test.describe(i) for i in range(len(test))] == [rebuilt.describe(i) for i in range(len(rebuilt))]
 
 
-def test_a_part_given_as_an_object_is_described_and_must_be_passed_again(tree, tmp_path):
-    stacks = TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
-    dm = ImageDataModule(FolderSource(tree), stacks, batch_size=2, num_workers=0)
-    assert dm.hparams["source"].startswith("described: feedline.datasets.folder.FolderSource")
+def test_parts_given_as_objects_are_rebuilt_from_their_arguments_or_named_when_they_cannot_be(tree, tmp_path):
+    stacks = TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])  # transform objects: no config
+    dm = ImageDataModule(
+        FolderSource(tree, test_fraction=0.34), stacks, Uint8Collate(reuse_buffers=False), batch_size=2
+    )
+    assert dm.hparams["source"] == {
+        "_target_": "feedline.datasets.folder.FolderSource",
+        "root": tree,
+        "test_fraction": 0.34,
+    }
+    assert dm.hparams["collate"] == {
+        "_target_": "feedline.transforms.collate.Uint8Collate",
+        "reuse_buffers": False,
+    }
+    assert dm.hparams["transforms"].startswith("described: feedline.transforms.stacks.TransformStacks")
     trainer = L.Trainer(
         max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
     )
     trainer.fit(TinyClassifier(), datamodule=dm)
     path = str(tmp_path / "objects.ckpt")
     trainer.save_checkpoint(path)
-    with pytest.raises(ValueError, match=r"data\.source was given as an object .* pass source=\.\.\."):
+    with pytest.raises(
+        ValueError, match=r"data\.transforms was given as Python objects .* pass transforms=\.\.\."
+    ):
         ImageDataModule.load_from_checkpoint(path)
-    rebuilt = ImageDataModule.load_from_checkpoint(path, source=FolderSource(tree), transforms=stacks)
+    rebuilt = ImageDataModule.load_from_checkpoint(path, transforms=stacks)
+    assert rebuilt.source.test_fraction == 0.34 and rebuilt.collate.reuse_buffers is False
     assert rebuilt.batch_size == 2 and rebuilt.classes == dm.classes
+
+
+def test_a_misspelt_argument_from_lightning_cli_is_named(tree):
+    wrong = {"class_path": "feedline.datasets.folder.FolderSource", "init_args": {"rooot": tree}}
+    with pytest.raises(
+        ValueError, match=r"data\.source: feedline\.datasets\.folder\.FolderSource does not take \['rooot'\]"
+    ):
+        ImageDataModule(wrong)
+    with pytest.raises(ValueError, match=r"data\.source has no _target_"):
+        ImageDataModule({"root": tree})
+
+
+def test_without_a_transform_stack_images_reach_the_model_as_float(tree):
+    dm = ImageDataModule(FolderSource(tree), collate=Uint8Collate(), batch_size=2, num_workers=0)
+    x, _ = dm.device_batch(next(iter(dm.train_dataloader())), training=True)
+    assert x.dtype == torch.float32 and float(x.min()) >= 0.0 and float(x.max()) <= 1.0
 
 
 # -- plain PyTorch ------------------------------------------------------------------------------------

@@ -170,4 +170,7 @@ def test_a_test_tree_with_an_unknown_class_is_refused_by_name(tmp_path):
     held = simple_tree(tmp_path / "held", classes=("cat", "yak"), per_class=1)
     source = FolderSource(tree, test_root=held)
     with pytest.raises(ValueError, match=r"source\.test_root .* classes that source\.root lacks: yak"):
-        source.split("test")
+        source.prepare()  # before training, not when trainer.test comes
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^source\.test_root .* has no class folders"):
+        FolderSource(tree, test_root=tmp_path / "empty").prepare()

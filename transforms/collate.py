@@ -10,13 +10,14 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate
 
+from feedline.conf.rebuild import Rebuildable
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import BatchPool, empty
 
 __all__ = ["Batch", "Collate", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
 
 
-class Collate:
+class Collate(Rebuildable):
     """A collate: ``__call__(samples) -> Batch``. The datamodule takes any callable (a function too);
     feedline's collates inherit from this class so LightningCLI can offer them as ``--data.collate``
     choices (it declares no ``__call__`` itself: jsonargparse would then pass the class, not an instance)."""
@@ -139,12 +140,18 @@ class PadCollate(Collate):
 
 class WithPaths(Collate):
     """Any collate, for samples that carry their file's path (``(image, label, path)``, predict): the
-    wrapped collate stacks ``(image, label)`` as usual and the batch carries the paths, in batch order."""
+    wrapped collate stacks ``(image, label)`` as usual and the batch carries the paths, in batch order.
+    A sample that is None (a file that could not be read) is left out: that batch is smaller."""
 
     def __init__(self, collate):
         self.collate = collate
 
     def __call__(self, samples) -> Batch:
+        samples = [s for s in samples if s is not None]  # files that could not be read: left out, and logged
+        if not samples:
+            raise RuntimeError(
+                "every file of this predict batch is unreadable (their paths are in the log above)"
+            )
         batch = self.collate([s[:2] for s in samples])
         if not isinstance(batch, Batch):
             raise TypeError(
