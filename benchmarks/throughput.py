@@ -152,11 +152,19 @@ ROWS = [
 
 
 def measure(dataset, collate, workers: int, batch_size: int, epochs: int = 1, warmup: int = 2) -> float:
-    """Images/s over ``epochs`` shuffled epochs, after ``warmup`` batches (worker start-up excluded)."""
+    """Images/s over ``epochs`` shuffled epochs, after ``warmup`` batches (worker start-up excluded). feedline
+    rows shuffle as its train loader does (``EpochSampler``: the resumable order, a seed per sample); the
+    others through torch's RandomSampler."""
+    from feedline.datamodules.resume import EpochSampler
+    from feedline.datamodules.samples import SampleDataset
+
+    ours = isinstance(dataset, SampleDataset)
+    sampler = EpochSampler(len(dataset), 1, 0, True, 0, True) if ours else None
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=True,
+        shuffle=None if ours else True,
+        sampler=sampler,
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,
@@ -165,6 +173,8 @@ def measure(dataset, collate, workers: int, batch_size: int, epochs: int = 1, wa
     )
     count, start = 0, None
     for epoch in range(epochs + 1):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         for k, batch in enumerate(loader):
             if epoch == 0 and k < warmup:
                 continue
