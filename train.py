@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
+from feedline.cli.checkpoints import resolve_ckpt_path
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.trainer_keys import check_trainer_keys
 
@@ -37,7 +38,8 @@ def train(cfg: DictConfig) -> dict:
     loggers = instantiate_all(cfg.get("logger"), "logger")
     trainer = instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     check_launch(trainer)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer.default_root_dir)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     throughput = next((c for c in callbacks if isinstance(c, ThroughputMonitor)), None)

@@ -24,4 +24,6 @@ class ModelCheckpoint(_LightningCheckpoint):
             return
         candidates = self._monitor_candidates(trainer)
         if self.monitor is not None and self.monitor not in candidates:  # Lightning deferred: last.ckpt now
+            deferred = self._last_global_step_saved
             self._save_last_checkpoint(trainer, candidates)
+            self._last_global_step_saved = deferred  # the deferred top-k save after validation still happens

@@ -203,7 +203,11 @@ class ImageDataModule(L.LightningDataModule):
         world_size, rank = self._world()[:2]
         check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
         seed = self.run_seed()
-        sampler = EpochSampler(len(dataset), world_size, rank, True, seed, self.drop_last, self.position)
+        # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
+        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        sampler = EpochSampler(
+            len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
+        )
         checks = {
             "samples": len(dataset),
             "classes": self.num_classes,
@@ -213,8 +217,24 @@ class ImageDataModule(L.LightningDataModule):
             "drop_last": self.drop_last,
         }
         return ResumableLoader(
-            dataset, sampler=sampler, checks=checks, mode=self.resume, drop_last=self.drop_last, **settings
+            dataset,
+            sampler=sampler,
+            checks=checks,
+            mode=self.resume,
+            progress=self._fit_progress,
+            drop_last=self.drop_last,
+            **settings,
         )
+
+    def _fit_progress(self) -> tuple[int, int] | None:
+        """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return None
+        processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if processed >= trainer.num_training_batches:  # the epoch is over (limit_train_batches counted)
+            return self.position.epoch + 1, 0
+        return self.position.epoch, processed
 
     def run_seed(self) -> int:
         """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""

@@ -48,6 +48,4 @@ class DataConfig:
     predict_root: Optional[str] = None  # noqa: UP045 - trainer.predict: every image below it, sorted by path
     memory_format: str = "contiguous"  # image batches on the device, every split: contiguous | channels_last
     seed: Optional[int] = None  # noqa: UP045 - train order and augmentation; null: the run's seed, else 0
-    resume: str = (
-        "strict"  # a checkpoint whose loader state does not fit: strict (refuse) | lenient (restart epoch)
-    )
+    resume: str = "strict"  # loader state that does not fit the run: strict (refuse) | lenient (warn, go on)

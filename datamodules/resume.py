@@ -64,6 +64,7 @@ class EpochSampler(DistributedSampler):
         seed: int,
         drop_last: bool,
         position=None,
+        epoch: int = 0,
     ):
         super().__init__(
             range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
@@ -71,6 +72,11 @@ class EpochSampler(DistributedSampler):
         self.size = int(size)
         self.start = 0  # samples of this rank's epoch order to skip on the next iter(), once
         self.position = position if position is not None else Position()
+        # A new loader starts its epoch from the beginning, at the epoch training is at when the loader is made:
+        # Lightning builds its first iterator before it calls set_epoch (on a fresh start, and on a resume from
+        # a checkpoint taken when an epoch was over), and that iterator must already read this epoch's order.
+        self.epoch = int(epoch)
+        self.position.epoch, self.position.batches = self.epoch, 0
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch starts from its beginning (Lightning calls this at every epoch start, and again, with
@@ -112,19 +118,21 @@ class ResumableLoader(DataLoader):
     """The train loader, with Lightning's stateful-loader interface: its state is this rank's position and
     what that position means (the samples, classes, batch size, world size and seed it counts in)."""
 
-    def __init__(self, dataset, *, sampler: EpochSampler, checks: dict, mode: str, **kwargs):
+    def __init__(self, dataset, *, sampler: EpochSampler, checks: dict, mode: str, progress=None, **kwargs):
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.position = sampler.position
         self.checks = dict(checks)
         self.mode = check_resume_mode(mode)
+        # () -> (epoch, batches) that training goes on from, or None without a Trainer (ImageDataModule's)
+        self.progress = progress
 
     def state_dict(self) -> dict:
-        return {
-            "format": STATE_FORMAT,
-            "epoch": self.position.epoch,
-            "batches": self.position.batches,
-            **self.checks,
-        }
+        """Where training goes on from: under a Trainer, the batches Lightning counts as processed (it replays
+        from there, whether the checkpoint was taken after a step or inside one, as SLURM's signal handler
+        does); an epoch that is over is recorded as the start of the next."""
+        where = self.progress() if self.progress is not None else None
+        epoch, batches = where if where is not None else (self.position.epoch, self.position.batches)
+        return {"format": STATE_FORMAT, "epoch": epoch, "batches": batches, **self.checks}
 
     def load_state_dict(self, state: dict) -> None:
         epoch, batches = int(state.get("epoch", 0)), int(state.get("batches", 0))
@@ -134,12 +142,16 @@ class ResumableLoader(DataLoader):
                 raise ResumeError(
                     f"cannot resume the train loader mid-epoch: {problem}. Resume with the data, "
                     "data.batch_size, world size and seed the checkpoint was written with, or set "
-                    "data.resume=lenient to restart the interrupted epoch from its first batch"
+                    "data.resume=lenient to go on in this run's order"
                 )
-            log.warning("data.resume=lenient: %s; epoch %d restarts from its first batch", problem, epoch)
-            batches = 0
-        if batches >= len(self):  # written at the end of an epoch: the next one starts from its beginning
-            epoch, batches = epoch + 1, 0
+            log.warning(
+                "data.resume=lenient: %s; epoch %d goes on after batch %d in this run's order, so it may repeat "
+                "or miss samples; the epochs after it are whole",
+                problem,
+                epoch,
+                batches,
+            )
+        batches = min(batches, len(self))
         self.sampler.set_epoch(epoch)
         self.position.epoch, self.position.batches = epoch, batches
         self.sampler.start = batches * self.batch_size

@@ -138,7 +138,9 @@ def test_a_bad_file_in_predict_is_named_and_left_out_never_filed_under_another_p
 
 def test_a_held_out_share_that_rounds_to_nothing_is_named(tree):
     dm = ImageDataModule(FolderSource(tree, test_fraction=0.01), num_workers=0)
-    with pytest.raises(ValueError, match=r"test split is empty: source\.test_fraction=0\.01 holds out no sample"):
+    with pytest.raises(
+        ValueError, match=r"test split is empty: source\.test_fraction=0\.01 holds out no sample"
+    ):
         dm.setup("test")
 
 

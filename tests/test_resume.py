@@ -4,14 +4,17 @@ the checkpoint's step on, exactly the batches of an uninterrupted run with the s
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from torchvision.transforms import v2
 
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.resume import EpochSampler, ResumeError
@@ -99,8 +102,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_or_restarts_the_epoch_when_le
     lenient = small_dm(other, resume="lenient", **change).train_dataloader()
     with caplog.at_level(logging.WARNING):
         lenient.load_state_dict(state)
-    assert said in caplog.text and "restarts from its first batch" in caplog.text
-    assert lenient.sampler.start == 0 and lenient.position.batches == 0
+    assert said in caplog.text and "goes on after batch 2 in this run's order" in caplog.text
+    assert lenient.position.batches == 2 and lenient.sampler.start == 2 * lenient.batch_size
 
 
 def test_a_changed_world_size_is_named(tmp_path):
@@ -111,11 +114,148 @@ def test_a_changed_world_size_is_named(tmp_path):
         loader.load_state_dict(state)
 
 
-def test_a_checkpoint_from_the_end_of_an_epoch_starts_the_next_one(tmp_path):
+# -- under a Trainer, in process ---------------------------------------------------------------------
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 10 * 12, 3))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Record(L.Callback):
+    """Digests of the batches the model receives; ``save_at``: (epoch, batch_idx, hook) to write a checkpoint."""
+
+    def __init__(self, path=None, save_at=None):
+        self.seen, self.path, self.save_at = [], path, save_at
+
+    def _maybe_save(self, trainer, where):
+        if self.save_at == where:
+            trainer.save_checkpoint(self.path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._maybe_save(trainer, (trainer.current_epoch, batch_idx, "inside"))  # as SLURM's SIGUSR1 handler
+        x, y = batch
+        self.seen.append((trainer.current_epoch, batch_idx, hash(x.numpy().tobytes() + y.numpy().tobytes())))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._maybe_save(trainer, (trainer.current_epoch, None, "epoch end"))
+
+
+def lightning_dm(tree) -> ImageDataModule:
+    stacks = TransformStacks(train=[v2.RandomHorizontalFlip()], batch=[v2.ToDtype(torch.float32, scale=True)])
+    return ImageDataModule(
+        FolderSource(tree, val_fraction=0), stacks, Uint8Collate(), batch_size=3, num_workers=1, seed=5
+    )
+
+
+def fit(dm, record, ckpt_path=None, **options):
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+        **{"max_epochs": 2, **options},
+    )
+    trainer.fit(Tiny(), datamodule=dm, ckpt_path=ckpt_path)
+    return record.seen
+
+
+@pytest.mark.parametrize(
+    "save_at, options",
+    [
+        (
+            (0, 3, "inside"),
+            {},
+        ),  # a checkpoint taken inside step 3: Lightning replays step 3, so must the loader
+        (
+            (0, None, "epoch end"),
+            {"limit_train_batches": 3},
+        ),  # an epoch cut short is over: the next one is whole
+    ],
+    ids=["inside-a-step", "epoch-end-with-limit_train_batches"],
+)
+def test_a_trainer_resumes_exactly_from_checkpoints_taken_anywhere(tmp_path, save_at, options):
+    tree = simple_tree(tmp_path / "tree", per_class=5)  # 15 samples: 5 batches of 3
+    reference = fit(lightning_dm(tree), Record(), **options)
+    path = str(tmp_path / "cut.ckpt")
+    fit(lightning_dm(tree), Record(path, save_at), **options)
+    resumed = fit(lightning_dm(tree), Record(), ckpt_path=path, **options)
+    assert resumed == reference[len(reference) - len(resumed) :] and resumed
+    first = resumed[0][:2]
+    assert first == ((0, 3) if save_at[2] == "inside" else (1, 0))
+
+
+def test_a_second_fit_on_the_same_datamodule_starts_its_epoch_from_the_beginning(tmp_path):
     tree = simple_tree(tmp_path / "tree", per_class=5)
-    loader = small_dm(tree).train_dataloader()
-    loader.load_state_dict({**loader.state_dict(), "epoch": 3, "batches": 5})
-    assert loader.position.epoch == 4 and loader.sampler.epoch == 4 and loader.sampler.start == 0
+    dm = lightning_dm(tree)
+    fit(dm, Record(), max_steps=2)
+    assert fit(dm, Record(), max_steps=2) == fit(lightning_dm(tree), Record(), max_steps=2)
+
+
+class TinyWithVal(Tiny):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/acc", (self.net(x).argmax(1) == y).float().mean())
+
+
+@pytest.mark.parametrize("every", [2, 4])  # 4 batches an epoch: 4 lands on the step validation follows
+def test_last_ckpt_is_written_in_the_first_epoch_and_the_best_checkpoint_still_after_validation(
+    tmp_path, every
+):
+    from feedline.callbacks.checkpoint import ModelCheckpoint
+
+    tree = simple_tree(tmp_path / "tree", per_class=5)
+    dm = ImageDataModule(
+        FolderSource(tree, val_fraction=0.2), batch_size=3, num_workers=0
+    )  # 12 train: 4 batches
+    checkpoints = tmp_path / "checkpoints"
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append((trainer.global_step, (checkpoints / "last.ckpt").exists()))
+
+    callback = ModelCheckpoint(
+        dirpath=checkpoints,
+        filename="epoch{epoch:02d}",
+        auto_insert_metric_name=False,
+        monitor="val/acc",
+        mode="max",
+        save_last=True,
+        every_n_train_steps=every,
+    )
+    trainer = L.Trainer(
+        max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[Look(), callback]
+    )
+    trainer.fit(TinyWithVal(), datamodule=dm)
+    assert [exists for step, exists in seen] == [step >= every for step, _ in seen]  # from step `every` on
+    assert list(checkpoints.glob("epoch0*.ckpt"))  # the best checkpoint is still written after validation
+
+
+def test_ckpt_path_last_takes_the_newest_of_last_and_the_slurm_requeue_checkpoint(tmp_path):
+    from feedline.cli.checkpoints import resolve_ckpt_path
+
+    assert resolve_ckpt_path("last", str(tmp_path)) == "last"  # nothing yet: Lightning warns, starts afresh
+    (tmp_path / "checkpoints").mkdir()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.write_bytes(b"")
+    os.utime(last, (1000, 1000))
+    assert resolve_ckpt_path("last", str(tmp_path)) == str(last)
+    hpc = tmp_path / "hpc_ckpt_1.ckpt"
+    hpc.write_bytes(b"")
+    os.utime(hpc, (2000, 2000))
+    assert resolve_ckpt_path("last", str(tmp_path)) == str(hpc)
+    assert (
+        resolve_ckpt_path("/x/y.ckpt", str(tmp_path)) == "/x/y.ckpt" and resolve_ckpt_path(None, "") is None
+    )
 
 
 # -- kill -9 and resume, from the command line ----------------------------------------------------------
