@@ -1,0 +1,346 @@
+"""feedline beside the loaders its users would otherwise pick, on the same work, in CPU time per image.
+
+    python benchmarks/peers.py [--images 3000] [--rounds 3] [--workers 2] [--batch-size 128]
+                               [--loaders name,name] [--json results.json]
+
+Work, for every loader: read, decode, RandomResizedCrop(224), horizontal flip, uint8 batches of
+``--batch-size``, ``--workers`` worker processes. Data: the JPEG tree of ``throughput.py`` (about 500x375),
+converted once into each loader's own format. Each measurement runs in a fresh process; loaders alternate
+within a round; after two warm-up batches the process tree's CPU time (psutil: the loader process and its
+workers) and the wall time are taken over the rest of one epoch. CPU-ms per image is the figure to compare on a
+shared machine (images/s swings with the neighbours, CPU time much less); the table reports medians with the
+min-max and the ratio against the feedline row of the same format class.
+
+Peers run when they are installed (``pip install .[peers]``: LitData, WebDataset; DALI, FFCV and Mosaic
+Streaming when their wheels fit the environment) and are listed as "not installed" otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from throughput import ensure_hdf5, ensure_jpeg_tree  # noqa: E402
+
+from feedline.diagnostics.results import write_json  # noqa: E402
+
+
+# -- the work every loader does --------------------------------------------------------------------------
+def crop_and_flip():
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
+
+
+def decode_jpeg(data: bytes):
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+
+def samples(tree: str) -> list[tuple[str, int]]:
+    classes = sorted(os.listdir(tree))
+    return [
+        (os.path.join(tree, c, f), k)
+        for k, c in enumerate(classes)
+        for f in sorted(os.listdir(os.path.join(tree, c)))
+    ]
+
+
+# -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
+def feedline_loader(source, args):
+    from feedline.datamodules.image import ImageDataModule
+    from feedline.transforms.collate import Uint8Collate
+    from feedline.transforms.stacks import TransformStacks
+
+    stacks = TransformStacks(train=[crop_and_flip()])
+    dm = ImageDataModule(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
+    return dm.train_dataloader()
+
+
+def feedline_folder(data, args):
+    from feedline.datasets.folder import FolderSource
+
+    return feedline_loader(FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"]), args)
+
+
+def feedline_hdf5(key):
+    def build(data, args):
+        from feedline.datasets.hdf5 import HDF5Source
+
+        return feedline_loader(HDF5Source(data[key], val_fraction=0, cache_dir=data["cache"]), args)
+
+    return build
+
+
+def imagefolder(data, args):
+    from torch.utils.data import DataLoader
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    classic = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+    dataset = ImageFolder(data["tree"], transform=classic)
+    return DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, persistent_workers=True
+    )
+
+
+def webdataset_loader(data, args):
+    import webdataset as wds
+
+    transform = crop_and_flip()
+
+    def sample(item):
+        return transform(decode_jpeg(item["jpg"])), int(item["cls"])
+
+    shards = data["webdataset"]
+    dataset = wds.WebDataset(
+        shards, shardshuffle=len(shards), nodesplitter=wds.split_by_node, empty_check=False
+    )
+    dataset = dataset.shuffle(1000).map(sample).batched(args.batch_size, collation_fn=_stack)
+    return wds.WebLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=True)
+
+
+def _stack(items):
+    import torch
+
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
+def litdata_loader(data, args):
+    import litdata
+
+    transform = crop_and_flip()
+
+    class Dataset(litdata.StreamingDataset):
+        def __getitem__(self, index):
+            item = super().__getitem__(index)
+            return transform(decode_jpeg(item["jpg"])), item["cls"]
+
+    dataset = Dataset(data["litdata"], shuffle=True)
+    return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+
+
+LOADERS = {
+    "ImageFolder + PIL": ("JPEG tree", None, imagefolder),
+    "WebDataset": ("JPEG tree", "webdataset", webdataset_loader),
+    "LitData": ("JPEG tree", "litdata", litdata_loader),
+    "feedline folder": ("JPEG tree", None, feedline_folder),
+    "feedline hdf5, JPEG at 256 px": ("256 px", None, feedline_hdf5("max256")),
+    "feedline hdf5, raw 256": ("raw", None, feedline_hdf5("raw256")),
+}
+OURS = {
+    "JPEG tree": "feedline folder",
+    "256 px": "feedline hdf5, JPEG at 256 px",
+    "raw": "feedline hdf5, raw 256",
+}
+NOT_HERE = {  # peers this harness knows but cannot run in this environment, with why
+    "DALI (CPU)": "nvidia-dali needs CUDA libraries to import",
+    "FFCV": "builds from source against libturbojpeg and OpenCV headers",
+    "Mosaic Streaming": "mosaicml-streaming 0.13 pins numpy < 2.2",
+}
+
+
+def installed(module: str | None) -> bool:
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+# -- data, converted once per format ------------------------------------------------------------------------
+def prepare(args) -> dict:
+    tree = ensure_jpeg_tree(args.data_dir, args.images)
+    data = {"tree": tree, "cache": os.path.join(args.data_dir, "cache")}
+    data["max256"] = ensure_hdf5(tree, "max256", mode="encoded", max_side=256)
+    data["raw256"] = ensure_hdf5(tree, "raw256", mode="raw", size=256)
+    if installed("webdataset"):
+        data["webdataset"] = ensure_webdataset(tree, args.data_dir)
+    if installed("litdata"):
+        data["litdata"] = ensure_litdata(tree, args.data_dir)
+    return data
+
+
+def ensure_webdataset(tree: str, data_dir: str, per_shard: int = 500) -> list[str]:
+    root = os.path.join(data_dir, f"{os.path.basename(tree)}-wds")
+    items = samples(tree)
+    shards = [os.path.join(root, f"shard-{k:04d}.tar") for k in range(-(-len(items) // per_shard))]
+    if os.path.exists(root + ".complete"):
+        return shards
+    os.makedirs(root, exist_ok=True)
+    for k, shard in enumerate(shards):
+        with tarfile.open(shard, "w") as tar:
+            for n, (path, label) in enumerate(items[k * per_shard : (k + 1) * per_shard]):
+                with open(path, "rb") as f:
+                    jpeg = f.read()
+                for ext, payload in (("jpg", jpeg), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"{k:04d}{n:06d}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    open(root + ".complete", "w").close()
+    return shards
+
+
+def _litdata_item(item):
+    path, label = item
+    with open(path, "rb") as f:
+        return {"jpg": f.read(), "cls": label}
+
+
+def ensure_litdata(tree: str, data_dir: str) -> str:
+    import litdata
+
+    root = os.path.join(data_dir, f"{os.path.basename(tree)}-litdata")
+    if not os.path.exists(root + ".complete"):
+        litdata.optimize(
+            fn=_litdata_item, inputs=samples(tree), output_dir=root, chunk_bytes="64MB", num_workers=1
+        )
+        open(root + ".complete", "w").close()
+    return root
+
+
+# -- one measurement, in a fresh process -------------------------------------------------------------------
+def child(name: str, args) -> dict:
+    import psutil
+
+    data = json.loads(args.data)
+    started = time.perf_counter()
+    loader = LOADERS[name][2](data, args)
+    me = psutil.Process()
+
+    def cpu() -> float:
+        total = sum(me.cpu_times()[:2])
+        for proc in me.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended between the calls
+                total += sum(proc.cpu_times()[:2])
+        return total
+
+    batches = iter(loader)
+    count, first = 0, None
+    for k, batch in enumerate(batches):
+        if k == 0:
+            first = time.perf_counter() - started
+        if k == 2:  # warm-up over: workers running, caches filled
+            wall, cpu_start = time.perf_counter(), cpu()
+        elif k > 2:
+            count += len(batch[0])
+        if k == args.batches + 2:
+            break
+    seconds, cpu_seconds = time.perf_counter() - wall, cpu() - cpu_start
+    return {"images": count, "seconds": seconds, "cpu_seconds": cpu_seconds, "first_batch_s": first}
+
+
+def measure(name: str, data: dict, args) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", json.dumps(data)]
+    command += [
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--batches",
+        str(args.batches),
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "torchvision", "h5py", "litdata", "webdataset"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[package] = version(package)
+    return found
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument(
+        "--batches", type=int, default=0, help="batches measured per run (0: the rest of one epoch)"
+    )
+    parser.add_argument("--loaders", default=None, help="comma-separated subset, by name")
+    parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return {}
+
+    if not args.batches:
+        args.batches = max(
+            1, args.images // args.batch_size - 4
+        )  # the rest of one epoch, workers still alive
+    wanted = args.loaders.split(",") if args.loaders else list(LOADERS)
+    names = [n for n in wanted if installed(LOADERS[n][1])]
+    missing = [n for n in wanted if n not in names]
+    data = prepare(args)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(args.rounds):
+        for name in names:
+            runs[name].append(measure(name, data, args))
+
+    rows = []
+    for name in names:
+        cpu_ms = [1000 * r["cpu_seconds"] / r["images"] for r in runs[name]]
+        rate = [r["images"] / r["seconds"] for r in runs[name]]
+        rows.append(
+            {
+                "loader": name,
+                "format": LOADERS[name][0],
+                "images_per_s": statistics.median(rate),
+                "cpu_ms": statistics.median(cpu_ms),
+                "cpu_ms_range": [min(cpu_ms), max(cpu_ms)],
+                "first_batch_s": statistics.median(r["first_batch_s"] for r in runs[name]),
+            }
+        )
+    ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
+    print(
+        f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers,"
+    )
+    print(f"median of {args.rounds} fresh-process runs; versions: {versions()}\n")
+    print("| loader | format | images/s | CPU-ms/image (min-max) | feedline's lead (CPU) | first batch (s) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for row in rows:
+        lead = ours.get(row["format"])
+        row["feedline_lead"] = row["cpu_ms"] / lead if lead else None
+        low, high = row["cpu_ms_range"]
+        print(
+            f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} | {row['cpu_ms']:.2f} ({low:.2f}-{high:.2f}) "
+            f"| {row['feedline_lead']:.2f}x | {row['first_batch_s']:.1f} |"
+            if lead
+            else f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} | {row['cpu_ms']:.2f} | | |"
+        )
+    for name in missing:
+        print(f"| {name} | {LOADERS[name][0]} | not installed | | | |")
+    for name, why in NOT_HERE.items():
+        print(f"| {name} | | not run here: {why} | | | |")
+    result = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
+        "rows": rows,
+        "versions": versions(),
+    }
+    write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
