@@ -22,6 +22,7 @@ from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.report import print_report
 from feedline.diagnostics.results import write_json
+from feedline.diagnostics.startup import StartupClock
 from feedline.diagnostics.verdict import diagnose, recommend_workers
 
 log = logging.getLogger("feedline")
@@ -29,12 +30,18 @@ log = logging.getLogger("feedline")
 
 def bench(cfg: DictConfig, show: bool = True) -> dict:
     """Measure ``cfg.data``'s train loader; returns (and writes to ``bench.json_path``) the result."""
+    startup = StartupClock()
     require(cfg, "source")
     options = cfg.bench
     L.seed_everything(cfg.seed)
+    startup.mark("interpreter, imports, config")
     datamodule = instantiate(cfg.data, "data")
+    startup.mark("datamodule built")
     datamodule.prepare_data()
+    startup.mark("prepare_data (index built or loaded)")
     datamodule.setup("fit")
+    startup.mark("setup (splits)")
+    first_batches(datamodule, startup)
     dataset = datamodule.datasets["train"]
     settings = datamodule.loader_settings()
     workers, batch_size, cpus = settings["num_workers"], settings["batch_size"], available_cpus()
@@ -77,6 +84,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
 
     result = {
         "pipeline": f"{_choices(cfg)}, {len(dataset)} samples, batch {batch_size}",
+        "startup": startup.rows(),
         "workers": workers,
         "cpus": cpus,
         "loader": loader,
@@ -98,6 +106,17 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         options.json_path,
     )
     return result
+
+
+def first_batches(datamodule, startup: StartupClock) -> None:
+    """Start the train loader as training would and take three batches, marking each step."""
+    loader = datamodule.train_dataloader()
+    batches = iter(loader)
+    startup.mark("loader and workers started")
+    for n, _ in zip(range(3), batches):
+        if n in (0, 2):
+            startup.mark("first batch" if n == 0 else "third batch")
+    del batches, loader  # its workers stop; the measurements below start their own
 
 
 def _choices(cfg: DictConfig) -> str:

@@ -24,6 +24,15 @@ def print_report(result: dict, console: Console | None = None) -> None:
     )
     console.print(table)
 
+    if result.get("startup"):
+        console.print("start-up, to the third batch:")
+        table = Table()
+        for column in ("step", "seconds", "since process start"):
+            table.add_column(column, justify="right" if column != "step" else "left")
+        for row in result["startup"]:
+            table.add_row(row["step"], f"{row['seconds']:.3f}", f"{row['since_start']:.3f}")
+        console.print(table)
+
     stages = result["breakdown"]
     console.print(f"per-sample stages, in-process, {stages['items']} items:")
     table = Table()

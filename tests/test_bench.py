@@ -144,3 +144,27 @@ def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
     fresh = stage_breakdown(dataset, Uint8Collate(reuse_buffers=False), indices, batch_size=4, workers=2)
     assert "ipc" not in reused["stages_run"] and reused["per_sample_s"]["ipc"] == 0
     assert "ipc" in fresh["stages_run"]
+
+
+def test_the_start_up_breakdown_follows_the_steps_to_the_third_batch(make_cfg, tmp_path):
+    steps = run(make_cfg, tmp_path, SLEEP)["startup"]
+    assert [row["step"] for row in steps] == [
+        "interpreter, imports, config",
+        "datamodule built",
+        "prepare_data (index built or loaded)",
+        "setup (splits)",
+        "loader and workers started",
+        "first batch",
+        "third batch",
+    ]
+    since = [row["since_start"] for row in steps]
+    assert since == sorted(since) and all(row["seconds"] >= 0 for row in steps)  # an order, not a duration
+
+
+def test_the_process_start_time_is_read_from_proc():
+    psutil = pytest.importorskip("psutil")
+    from feedline.diagnostics.startup import process_start
+
+    # The same instant psutil reads (a timestamp, not a duration); psutil rounds the boot time to the second.
+    started = process_start()
+    assert started is not None and abs(started - psutil.Process().create_time()) < 2.0
