@@ -11,6 +11,7 @@ on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 ->
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -278,11 +279,10 @@ class ImageDataModule(L.LightningDataModule):
         if device is not None:
             batch = batch.to(device)
         image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
-        if seed is not None and training and self.transforms.mix is not None:
-            with torch.random.fork_rng(devices=[]):  # the mix of this batch, whatever ran before it
+        seeded = seed is not None and training and self.transforms.mix is not None
+        with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
+            if seeded:  # the mix of this batch, whatever ran before it
                 torch.default_generator.manual_seed(seed)
-                image, label = self.transforms.on_device(image, batch.label, training)
-        else:
             image, label = self.transforms.on_device(image, batch.label, training)
         image = self._format(image)  # a no-op unless a transform changed the layout
         if image.dim() == 4 and not image.is_floating_point():

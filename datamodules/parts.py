@@ -20,7 +20,7 @@ DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part
 
 
 def is_config(value) -> bool:
-    return OmegaConf.is_dict(value) or isinstance(value, Mapping)
+    return isinstance(value, Mapping)  # a dict or a DictConfig (a Mapping too)
 
 
 def build(value, key: str) -> tuple[Any, Any]:
