@@ -2,7 +2,7 @@
 
 python convert.py source=folder source.root=/data/train out.path=/data/train.h5
 python convert.py source=folder source.root=/data/train out.path=/data/train-256.h5 out.max_side=256
-python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.size=256
+python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.max_side=256
 """
 
 from __future__ import annotations

@@ -140,12 +140,12 @@ LOADERS = {
     "LitData": ("JPEG tree", "litdata", litdata_loader),
     "feedline folder": ("JPEG tree", None, feedline_folder),
     "feedline hdf5, JPEG at 256 px": ("256 px", None, feedline_hdf5("max256")),
-    "feedline hdf5, raw 256": ("raw", None, feedline_hdf5("raw256")),
+    "feedline hdf5, raw at 256 px": ("raw", None, feedline_hdf5("rawmax256")),
 }
 OURS = {
     "JPEG tree": "feedline folder",
     "256 px": "feedline hdf5, JPEG at 256 px",
-    "raw": "feedline hdf5, raw 256",
+    "raw": "feedline hdf5, raw at 256 px",
 }
 NOT_HERE = {  # peers this harness knows but cannot run in this environment, with why
     "DALI (CPU)": "nvidia-dali needs CUDA libraries to import",
@@ -163,7 +163,7 @@ def prepare(args) -> dict:
     tree = ensure_jpeg_tree(args.data_dir, args.images)
     data = {"tree": tree, "cache": os.path.join(args.data_dir, "cache")}
     data["max256"] = ensure_hdf5(tree, "max256", mode="encoded", max_side=256)
-    data["raw256"] = ensure_hdf5(tree, "raw256", mode="raw", size=256)
+    data["rawmax256"] = ensure_hdf5(tree, "rawmax256", mode="raw", max_side=256)
     if installed("webdataset"):
         data["webdataset"] = ensure_webdataset(tree, args.data_dir)
     if installed("litdata"):

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import cache_path, check_array, save_array
-from feedline.datasets.hdf5_layout import LAYOUTS, SCALES, check_labels, inspect_file, open_hdf5
+from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file, open_hdf5
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records, Source
 from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
@@ -34,21 +34,24 @@ class HDF5Records(Records):
         labels: LazyArray,
         subset=None,
         mapped: tuple | None = None,
+        ragged: dict | None = None,
     ):
         super().__init__(subset)
         self.path = path
         self.mapped = mapped  # (offset, shape, dtype) of a contiguous, uncompressed array dataset
+        self.ragged = ragged  # whole raw images of varying size: where their shapes and offsets are
         self.images_key = images_key
         self.encoded = encoded
         self.layout = layout
         self.scale = scale
         self.labels = labels
-        self._images = None
+        self._images = self._shapes = self._offsets = None
         self._pid = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_images"] = state["_pid"] = None  # never ship a handle: each process opens its own
+        for name in ("_images", "_shapes", "_offsets", "_pid"):
+            state[name] = None  # never ship a handle: each process opens its own
         return state
 
     @property
@@ -58,17 +61,25 @@ class HDF5Records(Records):
         HDF5 call per read."""
         if self._pid != os.getpid():  # first use in this process (or a fork inherited the parent's)
             if self.mapped is not None:
-                offset, shape, dtype = self.mapped
-                # Copy-on-write pages: rows are writable views (torch takes them without a copy or a
-                # warning) that stay shared page cache unless something writes to them. A plain ndarray
-                # view: numpy.memmap's per-row subclass bookkeeping cost more than the read itself.
-                self._images = np.memmap(
-                    self.path, dtype=np.dtype(dtype), mode="c", offset=offset, shape=shape
-                ).view(np.ndarray)
+                self._images = _map(self.path, self.mapped, mode="c")
             else:
                 self._images = open_hdf5(self.path)[self.images_key]
+            if self.ragged:
+                with open_hdf5(self.path) as f:
+                    self._shapes, self._offsets = (
+                        _map(self.path, self.ragged[name], mode="r") if self.ragged[name] else f[name][:]
+                        for name in ("shapes", "offsets")
+                    )
             self._pid = os.getpid()
         return self._images
+
+    def _row(self, images, row: int):
+        """Row ``row`` as stored: an array row, or a ragged file's (H, W, 3) view of the flat pixels."""
+        if not self.ragged:
+            return images[row]
+        height, width, channels = (int(d) for d in self._shapes[row])
+        start = int(self._offsets[row])
+        return images[start : start + height * width * channels].reshape(height, width, channels)
 
     @property
     def total(self) -> int:
@@ -80,14 +91,14 @@ class HDF5Records(Records):
         array = np.asarray(data)
         if array.ndim == 2:
             array = array[None]
-        elif self.layout == "hwc":
+        elif self.layout in ("hwc", RAGGED):
             array = array.transpose(2, 0, 1)
         if array.dtype != np.uint8:
             array = np.clip(np.rint(array.astype(np.float32) * (255.0 / self.scale)), 0, 255).astype(np.uint8)
         return array
 
     def read(self, row: int):
-        return self._payload(self.images[row]), int(self.labels.array[row])
+        return self._payload(self._row(self.images, row)), int(self.labels.array[row])
 
     def getitems(self, indices) -> list:
         """Read a batch in increasing row order. Variable-length rows: one fancy-index read (measured 2x
@@ -96,10 +107,12 @@ class HDF5Records(Records):
         against 15 ms row by row)."""
         rows = np.fromiter((self.row(i) for i in indices), dtype=np.int64, count=len(indices))
         images, labels = self.images, self.labels.array
-        if (
-            self.mapped is not None
-        ):  # memory-mapped: zero-copy row views; a crop touches only its window's pages
-            return [(self._payload(images[r]), int(labels[r])) for r in rows.tolist()]
+        if self.mapped is not None or self.ragged:
+            # memory-mapped: zero-copy row views, a crop touches only its window's pages; ragged rows
+            # not mapped: one slice read each, in file order
+            order = rows.tolist() if self.mapped is not None else sorted(set(rows.tolist()))
+            read = {r: self._payload(self._row(images, r)) for r in order}
+            return [(read[r], int(labels[r])) for r in rows.tolist()]
         unique, inverse = np.unique(rows, return_inverse=True)
         if self.encoded:
             block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
@@ -113,6 +126,15 @@ class HDF5Records(Records):
 
     def where(self, row: int) -> str:
         return f"{self.path}:{self.images_key}[{row}]"
+
+
+def _map(path: str, mapped: tuple, mode: str) -> np.ndarray:
+    """A contiguous dataset as a plain ndarray over the file's pages. Mode "c": copy-on-write pages, so rows
+    are writable views (torch takes them without a copy or a warning) that stay shared page cache unless
+    something writes to them. A plain ndarray view: numpy.memmap's per-row subclass bookkeeping cost more
+    than the read itself."""
+    offset, shape, dtype = mapped
+    return np.memmap(path, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape).view(np.ndarray)
 
 
 class HDF5Source(Source):
@@ -259,6 +281,7 @@ class HDF5Source(Source):
             labels,
             subset=subset,
             mapped=info["mapped"],
+            ragged=info["ragged"],
         )
 
     def __repr__(self) -> str:

@@ -3,7 +3,10 @@
 Layout written by ``convert.py`` (``FORMAT`` 1):
 
     images   encoded: variable-length uint8 (the original or re-encoded file bytes), shape (N,)
-             raw:     uint8 (N, H, W, 3), resized once at conversion, no decode when training
+             raw:     uint8 pixels, resized once at conversion, no decode when training; either whole images
+                      at their aspect ratio (``out.max_side``; layout attr ``ragged-hwc``): one flat array of
+                      every row's H*W*3 bytes, with ``shapes`` int32 (N, 3) and ``offsets`` int64 (N + 1);
+                      or centre-cropped squares (``out.size``): uint8 (N, S, S, 3)
     labels   int64 (N,)
     attrs    feedline_format, classes (JSON), mode, max_side, size, quality, source
 
@@ -21,6 +24,7 @@ import numpy as np
 
 FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
+RAGGED = "ragged-hwc"  # raw whole images of varying size, one flat pixel array (see above)
 SCALES = {"uint8": 255.0, "float32": 1.0, "float16": 1.0, "float64": 1.0}
 
 log = logging.getLogger(__name__)
@@ -60,18 +64,40 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
                     f"{', '.join(f.keys())})"
                 )
         images, labels = f[images_key], f[labels_key]
-        if len(images) != len(labels):
-            raise ValueError(f"{key} '{path}': {len(images)} images but {len(labels)} labels")
         encoded = h5py.check_vlen_dtype(images.dtype) is not None
+        ragged = not encoded and images.attrs.get("layout") == RAGGED
+        rows = len(f["shapes"]) if ragged and "shapes" in f else len(images)
+        if rows != len(labels):
+            raise ValueError(f"{key} '{path}': {rows} images but {len(labels)} labels")
         info = {
             "encoded": encoded,
-            "layout": _layout(images, layout, path) if not encoded else "hwc",
+            "layout": RAGGED if ragged else _layout(images, layout, path) if not encoded else "hwc",
+            "ragged": _ragged_index(f, images, len(labels), f"{key} '{path}'") if ragged else None,
             "scale": 1.0 if encoded else _scale(images, dtype, f"{key} '{path}'"),
             "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
             "n": len(labels),
             "mapped": _mappable(images) if not encoded else None,
         }
     return info
+
+
+def _ragged_index(f: h5py.File, images, n: int, where: str) -> dict:
+    """Where the ``shapes`` and ``offsets`` of a ragged raw file are (mapped, or to be read whole), checked
+    against the pixel array: a file cut short or edited by hand fails here, not as a wrong image later."""
+    for name in ("shapes", "offsets"):
+        if name not in f:
+            raise KeyError(f"{where}: ragged raw images without a '{name}' dataset: convert the file again")
+    shapes, offsets = f["shapes"], f["offsets"]
+    if shapes.shape != (n, 3) or offsets.shape != (n + 1,):
+        raise ValueError(
+            f"{where}: shapes {shapes.shape} and offsets {offsets.shape} do not fit {n} rows: convert the file again"
+        )
+    if n and int(offsets[-1]) != len(images):
+        raise ValueError(
+            f"{where}: the offsets end at {int(offsets[-1])} but the pixel array holds {len(images)} bytes: "
+            f"the file is truncated or damaged; convert it again"
+        )
+    return {"shapes": _mappable(shapes), "offsets": _mappable(offsets)}
 
 
 def _layout(images, layout: str, path: str) -> str:

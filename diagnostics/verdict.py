@@ -13,13 +13,13 @@ from __future__ import annotations
 SUGGEST = {
     "I/O-bound": [
         "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
-        "shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.size=256",
+        "shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256",
         "put the data on local disk or in page cache; raise data.prefetch_factor to hide latency",
     ],
     "decode-bound": [
         "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
         "re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5",
-        "skip decoding entirely: python convert.py ... out.mode=raw out.size=256, then source=hdf5",
+        "skip decoding entirely: python convert.py ... out.mode=raw out.max_side=256, then source=hdf5",
         "more workers, if CPUs are free (bench.workers=sweep shows the curve)",
     ],
     "transform-bound": [

@@ -80,11 +80,11 @@ def test_throughput_benchmark_runs_every_row(tmp_path):
     assert "| ImageFolder (PIL classic) |" in printed
     rows = {r["row"]: r for r in result["rows"]}
     assert len(rows) == 11 and all(r["images_per_s"] > 0 for r in rows.values())
-    assert rows["hdf5 (raw 256) fresh buffers"]["checks"] == []  # an ablation, not a target
+    assert rows["hdf5 (raw max_side=256) fresh buffers"]["checks"] == []  # an ablation, not a target
     assert [c["target"] for c in rows["folder"]["checks"]][0] == ">= 2.2x ImageFolder"
     assert "of 2 x 1 process" in rows["folder"]["checks"][1]["target"]
     assert rows["ImageFolder (PIL classic)"]["ratio"] == 1.0
-    assert [c["target"] for c in rows["hdf5 (raw 256)"]["checks"]][0] == ">= 6x ImageFolder"
+    assert [c["target"] for c in rows["hdf5 (raw max_side=256)"]["checks"]][0] == ">= 6x ImageFolder"
 
 
 @pytest.mark.slow

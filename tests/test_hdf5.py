@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -62,16 +63,54 @@ def test_max_side_and_raw_modes(make_cfg, tmp_path):
     Image.fromarray(big).save(os.path.join(root, "a", "0.png"))
     _convert(make_cfg, root, tmp_path / "small.h5", "out.max_side=30")
     assert decode(HDF5Source(tmp_path / "small.h5", val_fraction=0).split("train")[0][0]).shape == (3, 20, 30)
-    _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.size=16")
+    _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.size=16")  # centre-cropped squares
     with h5py.File(tmp_path / "raw.h5") as f:
         assert f["images"].shape == (2, 16, 16, 3) and f["images"].dtype == np.uint8
     payload, _ = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")[0]
     assert payload.shape == (3, 16, 16) and decode(payload).dtype == torch.uint8
 
 
-def test_raw_mode_needs_a_size(make_cfg, tree, tmp_path):
-    with pytest.raises(ValueError, match=r"out\.size"):
-        _convert(make_cfg, tree, tmp_path / "raw.h5", "out.mode=raw")
+def test_raw_keeps_whole_images_at_their_aspect_ratio(make_cfg, tmp_path):
+    """out.mode=raw out.max_side=S: every image whole, its longer side at most S, the same pixels as the
+    decoded image shrunk once; rows of different sizes in one mapped array, a skipped input left out."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    root = make_tree(tmp_path / "t", {"a": [], "b": []})
+    sizes = {"a/0.png": (40, 60), "a/1.png": (60, 30), "a/2.png": (10, 12), "b/0.png": (33, 33)}
+    for name, shape in sizes.items():
+        Image.fromarray(rng.integers(0, 255, (*shape, 3), dtype=np.uint8)).save(os.path.join(root, name))
+    (tmp_path / "t" / "a" / "3.png").write_bytes(b"broken")
+    _convert(make_cfg, root, tmp_path / "raw.h5", "out.mode=raw", "out.max_side=30", "out.workers=1")
+    records = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")
+    assert records.mapped is not None and len(records) == 4
+    assert [records[i][0].shape for i in range(4)] == [(3, 20, 30), (3, 30, 15), (3, 10, 12), (3, 30, 30)]
+    for i, name in enumerate(sizes):
+        image = decode(Path(root, name).read_bytes())
+        assert torch.equal(torch.as_tensor(records[i][0]), hdf5_write._shrink(image, 30)), name
+    batch = records.getitems([3, 0, 3])
+    assert [p.shape for p, _ in batch] == [(3, 30, 30), (3, 20, 30), (3, 30, 30)]
+    assert [lab for _, lab in batch] == [1, 0, 1] and np.array_equal(batch[1][0], records[0][0])
+
+
+def test_raw_ragged_file_with_inconsistent_offsets_is_refused(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "raw.h5", "out.mode=raw", "out.max_side=8", "out.workers=1")
+    with h5py.File(tmp_path / "raw.h5", "r+") as f:
+        f["offsets"][-1] = f["offsets"][-1] + 5
+    with pytest.raises(ValueError, match=r"offsets end at .* truncated or damaged"):
+        HDF5Source(tmp_path / "raw.h5")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["out.size=16"], r"out\.size=16 centre-crops raw squares: set out\.mode=raw"),
+        (["out.mode=raw", "out.size=16", "out.max_side=20"], r"two raw layouts: set one"),
+    ],
+)
+def test_raw_layout_options_are_checked(make_cfg, tree, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _convert(make_cfg, tree, tmp_path / "raw.h5", *overrides)
 
 
 def test_foreign_float_chw_file_trains_by_config_alone(make_cfg, tmp_path):

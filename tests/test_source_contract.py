@@ -41,7 +41,7 @@ def make_source(kind: str, tmp_path, corrupt: int | None = None, **options):
     else:
         out = HDF5WriteOptions(path=str(tmp_path / f"{kind}.h5"), workers=1)
         if kind == "hdf5_raw":
-            out.mode, out.size = "raw", 8
+            out.mode, out.max_side = "raw", 8  # whole images at their aspect ratio: ragged rows
         convert_source(FolderSource(tree, cache_dir=cache), out)
         if corrupt is not None:
             with h5py.File(out.path, "r+") as f:

@@ -74,7 +74,11 @@ def _prepare(i: int):
     except (OSError, DecodeError) as err:
         return None, None, f"{_records.describe(i)}\t{err}"
     if _options.mode == "raw":
-        image = F.center_crop(F.resize(image, int(_options.size), antialias=True), [int(_options.size)] * 2)
+        if _options.size:  # the explicit centre-crop mode: fixed-size squares
+            side = int(_options.size)
+            image = F.center_crop(F.resize(image, side, antialias=True), [side, side])
+        elif _options.max_side:
+            image = _shrink(image, int(_options.max_side))
         return image.permute(1, 2, 0).contiguous().numpy(), label, None
     if _options.max_side and max(image.shape[-2:]) > int(_options.max_side):
         payload = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
@@ -106,9 +110,10 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
     started = time.perf_counter()
     skipped: list[str] = []
     written = 0
+    pixels = _PixelSpool(partial + ".pixels") if options.mode == "raw" else None
     try:
         with h5py.File(partial, "w") as f:
-            images = _create_images(f, n, options, chunk)
+            images = None if pixels else _encoded_images(f, n, chunk)
             labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
             tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
             with (
@@ -121,14 +126,17 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
                     rows = [(p, lab) for p, lab, err in results if err is None]
                     skipped.extend(err for _, _, err in results if err is not None)
                     if rows:
-                        block = [p for p, _ in rows]
-                        images[written : written + len(rows)] = (
-                            np.stack(block) if options.mode == "raw" else block
-                        )
+                        if pixels:
+                            pixels.extend(p for p, _ in rows)
+                        else:
+                            images[written : written + len(rows)] = [p for p, _ in rows]
                         labels[written : written + len(rows)] = [lab for _, lab in rows]
                         written += len(rows)
                     bar.update(len(results))
-            images = _trim(f, images, written)
+            if pixels:
+                pixels.write_to(f, fixed=bool(options.size))
+            else:
+                images.resize((written,))
             labels.resize((written,))
             f.attrs.update(
                 {
@@ -147,6 +155,9 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
         if os.path.exists(partial):
             os.remove(partial)
         raise
+    finally:
+        if pixels:
+            pixels.remove()
     if skipped:
         with open(report, "w", encoding="utf-8") as f:
             f.write("path\terror\n")
@@ -166,29 +177,51 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
     }
 
 
-def _trim(f: h5py.File, images, written: int):
-    """Drop the rows of skipped inputs. A contiguous dataset cannot shrink: copy it to its final size."""
-    if written == len(images):
-        return images
-    if images.chunks is not None:
-        images.resize((written, *images.shape[1:]))
-        return images
-    trimmed = f.create_dataset("images_trimmed", shape=(written, *images.shape[1:]), dtype=images.dtype)
-    for start in range(0, written, 256):
-        trimmed[start : start + 256] = images[start : min(written, start + 256)]
-    trimmed.attrs.update(dict(images.attrs))
-    del f["images"]
-    f.move("images_trimmed", "images")
-    return f["images"]
+class _PixelSpool:
+    """Raw rows, appended to a scratch file as they come and copied into one contiguous dataset at the end
+    (so readers can memory-map it): the exact size is known only once every input is decoded (skipped
+    inputs and aspect ratios), and a contiguous HDF5 dataset cannot grow or shrink."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.shapes: list[tuple[int, int, int]] = []
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in write_to() / remove()
+
+    def extend(self, arrays) -> None:
+        for array in arrays:
+            self._file.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            self.shapes.append(tuple(int(d) for d in array.shape))
+
+    def write_to(self, f: h5py.File, fixed: bool, block: int = 64 << 20) -> None:
+        """``images``: (N, S, S, 3) for fixed-size rows; else one flat uint8 array of every row's HWC
+        pixels, with ``shapes`` (N, 3) and ``offsets`` (N + 1) to find row i (layout ``ragged-hwc``)."""
+        self._file.close()
+        shapes = np.asarray(self.shapes, dtype=np.int64).reshape(-1, 3)
+        offsets = np.concatenate([[0], np.cumsum(shapes.prod(axis=1))]).astype(np.int64)
+        if fixed:
+            row_shape = tuple(shapes[0]) if len(shapes) else (1, 1, 3)
+            images = f.create_dataset("images", shape=(len(shapes), *row_shape), dtype=np.uint8)
+            images.attrs["layout"] = "hwc"
+        else:
+            row_shape = ()
+            images = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
+            images.attrs["layout"] = "ragged-hwc"
+            f.create_dataset("shapes", data=shapes.astype(np.int32))
+            f.create_dataset("offsets", data=offsets)
+        row = int(np.prod(row_shape))  # bytes per dataset row: a block holds whole rows
+        rows = max(1, block // row)
+        with open(self.path, "rb") as spool:
+            for start in range(0, len(images), rows):
+                data = np.frombuffer(spool.read(rows * row), dtype=np.uint8)
+                images[start : start + len(data) // row] = data.reshape(-1, *row_shape)
+
+    def remove(self) -> None:
+        self._file.close()
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
 
-def _create_images(f: h5py.File, n: int, options: HDF5WriteOptions, chunk: int):
-    if options.mode == "raw":
-        # Contiguous and uncompressed, so readers can memory-map the rows (see HDF5Records).
-        side = int(options.size)
-        images = f.create_dataset("images", shape=(n, side, side, 3), dtype=np.uint8)
-        images.attrs["layout"] = "hwc"
-        return images
+def _encoded_images(f: h5py.File, n: int, chunk: int):
     return f.create_dataset(
         "images",
         shape=(n,),

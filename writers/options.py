@@ -18,9 +18,9 @@ MODES = ("encoded", "raw")
 @dataclass
 class HDF5WriteOptions:
     path: str = "???"  # the HDF5 file to write (as <path>.partial, renamed when complete); required
-    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized) | raw: uint8 HWC arrays
-    max_side: Optional[int] = None  # noqa: UP045 - encoded: re-encode so the longer side is at most this
-    size: Optional[int] = None  # noqa: UP045 - raw: resize the shorter side, centre-crop a square
+    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized) | raw: uint8 HWC pixels
+    max_side: Optional[int] = None  # noqa: UP045 - shrink so the longer side is at most this (aspect kept)
+    size: Optional[int] = None  # noqa: UP045 - raw only: resize the shorter side, centre-crop a square
     quality: int = 90  # JPEG quality for re-encoded images
     workers: Any = "auto"  # decode/resize processes (auto: one per CPU)
     chunk: int = 256  # rows per task and per write
@@ -28,8 +28,17 @@ class HDF5WriteOptions:
     def check(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
-        if self.mode == "raw" and not self.size:
-            raise ValueError("out.mode=raw stores fixed-size arrays: set out.size (e.g. out.size=256)")
+        if self.size is not None and self.mode != "raw":
+            raise ValueError(
+                f"out.size={self.size} centre-crops raw squares: set out.mode=raw, or use out.max_side"
+            )
+        if self.size is not None and self.max_side is not None:
+            raise ValueError(
+                f"out.size={self.size} (centre-cropped squares) and out.max_side={self.max_side} (whole images, "
+                f"aspect kept) are two raw layouts: set one"
+            )
+        if self.size is not None and int(self.size) < 1:
+            raise ValueError(f"out.size={self.size} must be >= 1")
         if self.max_side is not None and int(self.max_side) < 1:
             raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
         if not 1 <= int(self.quality) <= 100:
