@@ -46,6 +46,9 @@ def train(cfg: DictConfig) -> dict:
     summary = {
         "val_acc": metrics.get("val/acc"),
         "train_samples_per_s": round(throughput.samples_per_second, 1) if throughput else None,
+        "first_batch_s": round(throughput.first_batch_s, 2)
+        if throughput and throughput.first_batch_s
+        else None,
         "output_dir": os.path.abspath(cfg.paths.output_dir),
         "metrics": metrics,
         "samples": {split: len(dataset) for split, dataset in datamodule.datasets.items()},
@@ -86,9 +89,10 @@ def _report(summary: dict) -> None:
         json.dump(summary, f, indent=2)
     acc = summary["val_acc"]
     log.info(
-        "summary: val_acc=%s  train samples/s=%s  outputs: %s",
+        "summary: val_acc=%s  train samples/s=%s  first batch %s s after the process started  outputs: %s",
         f"{acc:.4f}" if acc is not None else "n/a",
         summary["train_samples_per_s"],
+        summary["first_batch_s"],
         summary["output_dir"],
     )
 

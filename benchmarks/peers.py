@@ -31,10 +31,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from throughput import ensure_hdf5, ensure_jpeg_tree  # noqa: E402
-
-from feedline.diagnostics.results import write_json  # noqa: E402
+# Nothing heavy at module level: a measurement's child process imports what its loader needs, and no more,
+# so its start-up (from the process's start to the first batches) is that loader's own.
 
 
 # -- the work every loader does --------------------------------------------------------------------------
@@ -139,13 +137,13 @@ LOADERS = {
     "WebDataset": ("JPEG tree", "webdataset", webdataset_loader),
     "LitData": ("JPEG tree", "litdata", litdata_loader),
     "feedline folder": ("JPEG tree", None, feedline_folder),
-    "feedline hdf5, JPEG at 256 px": ("256 px", None, feedline_hdf5("max256")),
-    "feedline hdf5, raw at 256 px": ("raw", None, feedline_hdf5("rawmax256")),
+    "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
+    "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
 }
 OURS = {
     "JPEG tree": "feedline folder",
-    "256 px": "feedline hdf5, JPEG at 256 px",
-    "raw": "feedline hdf5, raw at 256 px",
+    "256 px": "feedline hdf5 (JPEG at 256 px)",
+    "raw": "feedline hdf5 (raw at 256 px)",
 }
 NOT_HERE = {  # peers this harness knows but cannot run in this environment, with why
     "DALI (CPU)": "nvidia-dali needs CUDA libraries to import",
@@ -160,6 +158,8 @@ def installed(module: str | None) -> bool:
 
 # -- data, converted once per format ------------------------------------------------------------------------
 def prepare(args) -> dict:
+    from throughput import ensure_hdf5, ensure_jpeg_tree
+
     tree = ensure_jpeg_tree(args.data_dir, args.images)
     data = {"tree": tree, "cache": os.path.join(args.data_dir, "cache")}
     data["max256"] = ensure_hdf5(tree, "max256", mode="encoded", max_side=256)
@@ -213,9 +213,12 @@ def ensure_litdata(tree: str, data_dir: str) -> str:
 def child(name: str, args) -> dict:
     import psutil
 
+    from feedline.diagnostics.startup import process_start  # standard library only
+
     data = json.loads(args.data)
-    started = time.perf_counter()
+    started = process_start() or time.time()
     loader = LOADERS[name][2](data, args)
+    ready = time.time() - started
     me = psutil.Process()
 
     def cpu() -> float:
@@ -229,15 +232,50 @@ def child(name: str, args) -> dict:
     count, first = 0, None
     for k, batch in enumerate(batches):
         if k == 0:
-            first = time.perf_counter() - started
+            first = time.time() - started
         if k == 2:  # warm-up over: workers running, caches filled
+            third = time.time() - started
             wall, cpu_start = time.perf_counter(), cpu()
         elif k > 2:
             count += len(batch[0])
         if k == args.batches + 2:
             break
     seconds, cpu_seconds = time.perf_counter() - wall, cpu() - cpu_start
-    return {"images": count, "seconds": seconds, "cpu_seconds": cpu_seconds, "first_batch_s": first}
+    return {
+        "images": count,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "ready_s": ready,  # loader built: interpreter, imports, index
+        "first_batch_s": first,
+        "third_batch_s": third,
+    }
+
+
+def measure_train(data: dict, args) -> dict:
+    """feedline's train.py on the same tree and work, for its start-up alone: one optimizer step, the
+    first batch's time (from the process's start) read from the run's summary."""
+    out = os.path.join(args.data_dir, "train-startup")
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "source=folder",
+        f"source.root={data['tree']}",
+        f"paths.cache_dir={data['cache']}",
+        f"paths.output_dir={out}",
+        f"hydra.run.dir={out}",
+        "transforms=imagenet",
+        "collate=uint8",
+        f"data.batch_size={args.batch_size}",
+        f"data.num_workers={args.workers}",
+        "+trainer.max_steps=1",
+        "trainer.limit_val_batches=0",
+        "logger=none",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"train.py failed:\n{done.stderr[-3000:]}")
+    with open(os.path.join(out, "summary.json")) as f:
+        return {"first_batch_s": json.load(f)["first_batch_s"]}
 
 
 def measure(name: str, data: dict, args) -> dict:
@@ -266,6 +304,40 @@ def versions() -> dict:
     return found
 
 
+def summarise(name: str, runs: list[dict]) -> dict:
+    cpu_ms = [1000 * r["cpu_seconds"] / r["images"] for r in runs]
+    row = {
+        "loader": name,
+        "format": LOADERS[name][0],
+        "images_per_s": statistics.median(r["images"] / r["seconds"] for r in runs),
+        "cpu_ms": statistics.median(cpu_ms),
+        "cpu_ms_range": [min(cpu_ms), max(cpu_ms)],
+    }
+    for key in ("ready_s", "first_batch_s", "third_batch_s"):
+        row[key] = statistics.median(r[key] for r in runs)
+    return row
+
+
+def print_table(rows: list[dict], missing: list[str]) -> None:
+    print(
+        "| loader | format | images/s | CPU-ms/image (min-max) | feedline's lead (CPU) "
+        "| loader built (s) | first batch (s) | third batch (s) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        low, high = row["cpu_ms_range"]
+        lead = f"{row['feedline_lead']:.2f}x" if row["feedline_lead"] else ""
+        print(
+            f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} "
+            f"| {row['cpu_ms']:.2f} ({low:.2f}-{high:.2f}) | {lead} "
+            f"| {row['ready_s']:.1f} | {row['first_batch_s']:.1f} | {row['third_batch_s']:.1f} |"
+        )
+    for name in missing:
+        print(f"| {name} | {LOADERS[name][0]} | not installed | | | | | |")
+    for name, why in NOT_HERE.items():
+        print(f"| {name} | | not run here: {why} | | | | | |")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=3000)
@@ -278,6 +350,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--loaders", default=None, help="comma-separated subset, by name")
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--no-train-startup",
+        dest="train_startup",
+        action="store_false",
+        help="skip timing train.py's start-up (one step of feedline's own command on the same tree)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -294,50 +372,36 @@ def main(argv=None) -> dict:
     missing = [n for n in wanted if n not in names]
     data = prepare(args)
     runs: dict[str, list[dict]] = {n: [] for n in names}
+    train_runs: list[dict] = []
     for _ in range(args.rounds):
         for name in names:
             runs[name].append(measure(name, data, args))
+        if args.train_startup:
+            train_runs.append(measure_train(data, args))
 
-    rows = []
-    for name in names:
-        cpu_ms = [1000 * r["cpu_seconds"] / r["images"] for r in runs[name]]
-        rate = [r["images"] / r["seconds"] for r in runs[name]]
-        rows.append(
-            {
-                "loader": name,
-                "format": LOADERS[name][0],
-                "images_per_s": statistics.median(rate),
-                "cpu_ms": statistics.median(cpu_ms),
-                "cpu_ms_range": [min(cpu_ms), max(cpu_ms)],
-                "first_batch_s": statistics.median(r["first_batch_s"] for r in runs[name]),
-            }
-        )
+    rows = [summarise(name, runs[name]) for name in names]
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
+    for row in rows:
+        lead = ours.get(row["format"])
+        row["feedline_lead"] = row["cpu_ms"] / lead if lead else None
     print(
         f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers,"
     )
     print(f"median of {args.rounds} fresh-process runs; versions: {versions()}\n")
-    print("| loader | format | images/s | CPU-ms/image (min-max) | feedline's lead (CPU) | first batch (s) |")
-    print("|---|---|---:|---:|---:|---:|")
-    for row in rows:
-        lead = ours.get(row["format"])
-        row["feedline_lead"] = row["cpu_ms"] / lead if lead else None
-        low, high = row["cpu_ms_range"]
+    print_table(rows, missing)
+    if train_runs:
+        first = statistics.median(r["first_batch_s"] for r in train_runs)
         print(
-            f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} | {row['cpu_ms']:.2f} ({low:.2f}-{high:.2f}) "
-            f"| {row['feedline_lead']:.2f}x | {row['first_batch_s']:.1f} |"
-            if lead
-            else f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} | {row['cpu_ms']:.2f} | | |"
+            f"\nfeedline train.py (same tree and work, one step): first batch {first:.1f} s after the process started"
         )
-    for name in missing:
-        print(f"| {name} | {LOADERS[name][0]} | not installed | | | |")
-    for name, why in NOT_HERE.items():
-        print(f"| {name} | | not run here: {why} | | | |")
+        rows.append({"loader": "feedline train.py", "format": "JPEG tree", "first_batch_s": first})
     result = {
         "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
         "rows": rows,
         "versions": versions(),
     }
+    from feedline.diagnostics.results import write_json
+
     write_json(args.json, result)
     return result
 

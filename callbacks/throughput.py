@@ -1,10 +1,13 @@
-"""ThroughputMonitor: training samples per second, as the run's summary reports it."""
+"""ThroughputMonitor: training samples per second, and how long after the process started the first batch
+came, as the run's summary reports them."""
 
 from __future__ import annotations
 
 import time
 
 import lightning as L
+
+from feedline.diagnostics.startup import process_start
 
 
 class ThroughputMonitor(L.Callback):
@@ -14,6 +17,12 @@ class ThroughputMonitor(L.Callback):
         self.samples = 0
         self.seconds = 0.0
         self._last = None
+        self.first_batch_s: float | None = None  # seconds from the process's start to the first batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.first_batch_s is None:
+            started = process_start()
+            self.first_batch_s = time.time() - started if started is not None else None
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._last = time.perf_counter()

@@ -35,9 +35,11 @@ def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp
     expected = {
         n for n, (_, module, _) in peers.LOADERS.items() if module is None or importlib.util.find_spec(module)
     }
-    assert set(measured) == expected
+    assert set(measured) == expected | {"feedline train.py"}
+    assert measured.pop("feedline train.py")["first_batch_s"] > 0  # read from train.py's own summary
     for name, row in measured.items():  # tiny runs: CPU time can round to 0 at psutil's 10 ms resolution
         assert row["cpu_ms"] >= 0 and row["images_per_s"] > 0, name
+        assert 0 < row["ready_s"] <= row["first_batch_s"] <= row["third_batch_s"], name  # from process start
     for ours in peers.OURS.values():
         assert measured[ours]["feedline_lead"] in (1.0, None)
     printed = capsys.readouterr().out

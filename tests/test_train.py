@@ -22,8 +22,15 @@ def test_fast_dev_run_on_a_generated_tree(make_cfg, tree, collate):
 
 
 def test_fast_dev_run_with_workers(make_cfg, tree):
+    import time
+
+    from feedline.diagnostics.startup import process_start
+
     cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", "data.num_workers=2", "transforms=imagenet")
-    assert train(cfg)["metrics"]["train/loss"] > 0
+    summary = train(cfg)
+    assert summary["metrics"]["train/loss"] > 0
+    # the summary says when the first batch came, counted from this process's start
+    assert 0 < summary["first_batch_s"] < time.time() - process_start()
 
 
 @pytest.mark.slow
