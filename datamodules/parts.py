@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -50,6 +49,8 @@ def build(value, key: str) -> tuple[Any, Any]:
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
+        from hydra.utils import instantiate  # only for parts given as config: objects need no Hydra
+
         return instantiate(plain), plain
     rebuild = getattr(value, "rebuild_config", None)
     config = rebuild() if callable(rebuild) else None

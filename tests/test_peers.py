@@ -44,3 +44,25 @@ def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp
         assert measured[ours]["feedline_lead"] in (1.0, None)
     printed = capsys.readouterr().out
     assert "| feedline folder | JPEG tree |" in printed and "not run here" in printed
+
+
+@pytest.mark.slow
+def test_the_scaling_benchmark_reports_efficiency_per_worker_count(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
+    try:
+        import scaling
+    finally:
+        sys.path.remove(str(ROOT_DIR / "benchmarks"))
+    args = ["--images", "60", "--rounds", "1", "--batch-size", "8", "--batches", "2", "--workers", "1,2,64"]
+    result = scaling.main(
+        [*args, "--loaders", "ImageFolder + PIL,feedline folder", "--data-dir", str(tmp_path)]
+    )
+    rows = {(r["loader"], r["workers"]): r for r in result["rows"]}
+    assert set(rows) == {
+        (name, n) for name in ("ImageFolder + PIL", "feedline folder") for n in (1, 2)
+    }  # 64 > cores
+    assert (
+        rows[("feedline folder", 1)]["efficiency"] == 1.0
+        and rows[("ImageFolder + PIL", 2)]["vs_imagefolder"] == 1.0
+    )
+    assert "efficiency vs linear" in capsys.readouterr().out
