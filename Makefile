@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedline-installed
 
-.PHONY: install train test lint bench clean
+.PHONY: install train test lint bench peers clean
 
 install: $(STAMP)
 
@@ -22,6 +22,13 @@ test: install
 
 bench: install
 	$(PY) bench.py $(ARGS)
+
+# The peer loaders of benchmarks/peers.py: LitData and WebDataset in .venv, FFCV, DALI (CPU) and Mosaic
+# Streaming in overlays under benchmarks/.peers (FFCV builds from source: Debian's libturbojpeg0-dev,
+# libopencv-dev, pkg-config). Not part of `make test`.
+peers: install
+	$(PY) -m pip install --quiet --editable ".[peers]"
+	PY=$(PY) bash benchmarks/install_peers.sh
 
 lint: install
 	$(PY) -m ruff check .

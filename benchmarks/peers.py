@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Nothing heavy at module level: a measurement's child process imports what its loader needs, and no more,
 # so its start-up (from the process's start to the first batches) is that loader's own.
+import peer_overlays  # noqa: E402 - standard library only
 
 
 # -- the work every loader does --------------------------------------------------------------------------
@@ -132,10 +133,12 @@ def litdata_loader(data, args):
     return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
 
 
+# name: (format class, what must be installed: a module of this environment or "overlay:<peer>", build)
 LOADERS = {
     "ImageFolder + PIL": ("JPEG tree", None, imagefolder),
     "WebDataset": ("JPEG tree", "webdataset", webdataset_loader),
     "LitData": ("JPEG tree", "litdata", litdata_loader),
+    **{name: (kind, f"overlay:{peer}", build) for name, (kind, peer, build) in peer_overlays.LOADERS.items()},
     "feedline folder": ("JPEG tree", None, feedline_folder),
     "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
     "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
@@ -145,23 +148,32 @@ OURS = {
     "256 px": "feedline hdf5 (JPEG at 256 px)",
     "raw": "feedline hdf5 (raw at 256 px)",
 }
-NOT_HERE = {  # peers this harness knows but cannot run in this environment, with why
-    "DALI (CPU)": "nvidia-dali needs CUDA libraries to import",
-    "FFCV": "builds from source against libturbojpeg and OpenCV headers",
-    "Mosaic Streaming": "mosaicml-streaming 0.13 pins numpy < 2.2",
-}
 
 
-def installed(module: str | None) -> bool:
-    return module is None or importlib.util.find_spec(module) is not None
+def installed(requirement: str | None) -> bool:
+    if requirement is None:
+        return True
+    if requirement.startswith("overlay:"):
+        return peer_overlays.overlay_installed(requirement.split(":", 1)[1])
+    return importlib.util.find_spec(requirement) is not None
+
+
+def overlay_of(name: str) -> str | None:
+    requirement = LOADERS[name][1] or ""
+    return requirement.split(":", 1)[1] if requirement.startswith("overlay:") else None
 
 
 # -- data, converted once per format ------------------------------------------------------------------------
-def prepare(args) -> dict:
+def prepare(args, names=()) -> dict:
     from throughput import ensure_hdf5, ensure_jpeg_tree
 
     tree = ensure_jpeg_tree(args.data_dir, args.images)
-    data = {"tree": tree, "cache": os.path.join(args.data_dir, "cache")}
+    data = {"tree": tree}
+    for peer in sorted({overlay_of(n) for n in names} & set(peer_overlays.CONVERTERS)):
+        data.update(
+            in_overlay(peer, ["--convert", peer, "--data", json.dumps(data), "--data-dir", args.data_dir])
+        )
+    data["cache"] = os.path.join(args.data_dir, "cache")
     data["max256"] = ensure_hdf5(tree, "max256", mode="encoded", max_side=256)
     data["rawmax256"] = ensure_hdf5(tree, "rawmax256", mode="raw", max_side=256)
     if installed("webdataset"):
@@ -279,28 +291,41 @@ def measure_train(data: dict, args) -> dict:
 
 
 def measure(name: str, data: dict, args) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", json.dumps(data)]
-    command += [
-        "--workers",
-        str(args.workers),
-        "--batch-size",
-        str(args.batch_size),
-        "--batches",
-        str(args.batches),
-    ]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    command = ["--child", name, "--data", json.dumps(data), "--workers", str(args.workers)]
+    command += ["--batch-size", str(args.batch_size), "--batches", str(args.batches)]
+    return in_overlay(overlay_of(name), command, what=name)
+
+
+def in_overlay(peer: str | None, arguments: list[str], what: str = "") -> dict:
+    """Run this script with ``arguments`` in a fresh process (in ``peer``'s overlay, if any); its last line
+    of output, as JSON."""
+    env = peer_overlays.overlay_env(peer) if peer else None
+    command = [sys.executable, os.path.abspath(__file__), *arguments]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT, env=env)
     if out.returncode:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{what or arguments[:2]} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def versions() -> dict:
+    """Versions of the packages measured: this environment's, and each installed overlay's own."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
     for package in ("torch", "torchvision", "h5py", "litdata", "webdataset"):
         with contextlib.suppress(PackageNotFoundError):
             found[package] = version(package)
+    for peer in peer_overlays.PEERS:
+        folder = os.path.join(peer_overlays.overlays_dir(), peer)
+        if peer_overlays.overlay_installed(peer):
+            for entry in os.listdir(folder):
+                name, _, rest = entry.partition("-")
+                if rest.endswith(".dist-info") and name in (
+                    "ffcv",
+                    "nvidia_dali_cuda130",
+                    "mosaicml_streaming",
+                ):
+                    found[name] = rest.removesuffix(".dist-info")
     return found
 
 
@@ -333,9 +358,8 @@ def print_table(rows: list[dict], missing: list[str]) -> None:
             f"| {row['ready_s']:.1f} | {row['first_batch_s']:.1f} | {row['third_batch_s']:.1f} |"
         )
     for name in missing:
-        print(f"| {name} | {LOADERS[name][0]} | not installed | | | | | |")
-    for name, why in NOT_HERE.items():
-        print(f"| {name} | | not run here: {why} | | | | | |")
+        how = "bash benchmarks/install_peers.sh" if overlay_of(name) else 'pip install ".[peers]"'
+        print(f"| {name} | {LOADERS[name][0]} | not installed ({how}) | | | | | |")
 
 
 def main(argv=None) -> dict:
@@ -357,10 +381,17 @@ def main(argv=None) -> dict:
         help="skip timing train.py's start-up (one step of feedline's own command on the same tree)",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--convert", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args)))
+        print(json.dumps(child(args.child, args)), flush=True)
+        # Measured: end here, without tearing the loader down (FFCV aborts the interpreter when its threads
+        # are still running at exit; worker processes notice their parent is gone and end).
+        os._exit(0)
+    if args.convert:  # in the peer's overlay: its own format, made once
+        tree = json.loads(args.data)["tree"]
+        print(json.dumps(peer_overlays.CONVERTERS[args.convert](tree, args.data_dir)))
         return {}
 
     if not args.batches:
@@ -370,7 +401,7 @@ def main(argv=None) -> dict:
     wanted = args.loaders.split(",") if args.loaders else list(LOADERS)
     names = [n for n in wanted if installed(LOADERS[n][1])]
     missing = [n for n in wanted if n not in names]
-    data = prepare(args)
+    data = prepare(args, names)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     train_runs: list[dict] = []
     for _ in range(args.rounds):
