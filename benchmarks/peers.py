@@ -61,11 +61,15 @@ def samples(tree: str) -> list[tuple[str, int]]:
 
 # -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
 def feedline_loader(source, args):
+    """feedline's datamodule with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
+    RandomHorizontalFlip as feedline ships them (the same parameters, draws and pixels, bit for bit)."""
     from feedline.datamodules.image import ImageDataModule
     from feedline.transforms.collate import Uint8Collate
+    from feedline.transforms.crop import RandomResizedCrop
+    from feedline.transforms.flip import RandomHorizontalFlip
     from feedline.transforms.stacks import TransformStacks
 
-    stacks = TransformStacks(train=[crop_and_flip()])
+    stacks = TransformStacks(train=[RandomResizedCrop(224, antialias=True), RandomHorizontalFlip()])
     dm = ImageDataModule(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
     return dm.train_dataloader()
 
@@ -386,8 +390,16 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args)), flush=True)
-        # Measured: end here, without tearing the loader down (FFCV aborts the interpreter when its threads
-        # are still running at exit; worker processes notice their parent is gone and end).
+        # Measured: stop the workers now (left alone, they would go on decoding their prefetched batches
+        # beside the next measurement) and end without tearing the loader down (FFCV aborts the interpreter
+        # when its threads are still running at exit).
+        import psutil
+
+        workers = psutil.Process().children(recursive=True)
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        psutil.wait_procs(workers, timeout=10)
         os._exit(0)
     if args.convert:  # in the peer's overlay: its own format, made once
         tree = json.loads(args.data)["tree"]

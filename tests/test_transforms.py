@@ -10,6 +10,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from PIL import Image
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from feedline.train import train
@@ -178,3 +179,26 @@ def test_workers_and_ranks_draw_different_augmentations(tmp_path):
     assert not torch.equal(rank0[0], rank0[1])  # two workers of one rank
     assert not torch.equal(rank0[0], rank1[0])  # worker 0 of two ranks
     assert all(torch.equal(a, b) for a, b in zip(rank0, first_batches(0)))  # and a rerun repeats them
+
+
+def test_flip_gives_torchvisions_pixels_and_draws():
+    from feedline.transforms.flip import RandomHorizontalFlip
+
+    image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)).permute(
+        2, 0, 1
+    )
+    ours, theirs = RandomHorizontalFlip(), v2.RandomHorizontalFlip()
+    flipped = 0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        a, after_ours = ours(image), torch.rand(1)
+        torch.manual_seed(seed)
+        b, after_theirs = theirs(image), torch.rand(1)
+        assert torch.equal(a, b) and torch.equal(after_ours, after_theirs)  # same pixels, same draws
+        flipped += not torch.equal(a, image)
+        assert a.stride(0) == 1  # channels-last in, channels-last out
+    assert 0 < flipped < 8
+    boxes = tv_tensors.BoundingBoxes([[0, 0, 10, 10]], format="XYXY", canvas_size=(30, 40))
+    torch.manual_seed(0)
+    out = RandomHorizontalFlip(p=1.0)(image, boxes)  # several inputs: torchvision's own path
+    assert out[1].tolist() == [[30, 0, 40, 10]]
