@@ -393,8 +393,11 @@ def main(argv=None) -> dict:
         # Measured: stop the workers now (left alone, they would go on decoding their prefetched batches
         # beside the next measurement) and end without tearing the loader down (FFCV aborts the interpreter
         # when its threads are still running at exit).
+        import signal
+
         import psutil
 
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise for the killed workers
         workers = psutil.Process().children(recursive=True)
         for worker in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
