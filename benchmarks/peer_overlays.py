@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from peer_work import crop_and_flip, decode_jpeg, samples
+
 PEERS = ("ffcv", "dali", "mosaic")
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".peers")
 
@@ -39,29 +41,6 @@ def overlay_env(peer: str) -> dict:
     if peer == "ffcv":
         env.setdefault("OMP_NUM_THREADS", "1")  # numba's own pool is sized by num_workers
     return env
-
-
-def samples(tree: str) -> list[tuple[str, int]]:
-    """(path, label) for a class-folder tree, labels by sorted folder name (as peers.py does)."""
-    classes = sorted(os.listdir(tree))
-    return [
-        (os.path.join(tree, c, f), k)
-        for k, c in enumerate(classes)
-        for f in sorted(os.listdir(os.path.join(tree, c)))
-    ]
-
-
-def _decode_jpeg(data: bytes):
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-
-
-def _crop_and_flip():
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
 
 
 # == FFCV ===================================================================================================
@@ -218,12 +197,12 @@ def mosaic_loader(data, args):
     import streaming
     from torch.utils.data import DataLoader
 
-    transform = _crop_and_flip()
+    transform = crop_and_flip()
 
     class Dataset(streaming.StreamingDataset):
         def __getitem__(self, index):
             item = super().__getitem__(index)
-            return transform(_decode_jpeg(item["jpg"])), item["cls"]
+            return transform(decode_jpeg(item["jpg"])), item["cls"]
 
     # Stale shared memory from a killed earlier run would otherwise make the new dataset fail to start.
     streaming.base.util.clean_stale_shared_memory()

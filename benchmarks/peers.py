@@ -34,29 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Nothing heavy at module level: a measurement's child process imports what its loader needs, and no more,
 # so its start-up (from the process's start to the first batches) is that loader's own.
 import peer_overlays  # noqa: E402 - standard library only
-
-
-# -- the work every loader does --------------------------------------------------------------------------
-def crop_and_flip():
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
-
-
-def decode_jpeg(data: bytes):
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-
-
-def samples(tree: str) -> list[tuple[str, int]]:
-    classes = sorted(os.listdir(tree))
-    return [
-        (os.path.join(tree, c, f), k)
-        for k, c in enumerate(classes)
-        for f in sorted(os.listdir(os.path.join(tree, c)))
-    ]
+from peer_work import crop_and_flip, decode_jpeg, samples  # noqa: E402 - standard library only
 
 
 # -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -10,13 +11,18 @@ import pytest
 from tests.conftest import ROOT_DIR
 
 
-@pytest.mark.slow
-def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp_path, capsys):
+def benchmark(name: str):
+    """A script of benchmarks/, imported as its module (they import each other by their file names)."""
     sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
     try:
-        import peers
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT_DIR / "benchmarks"))
+
+
+@pytest.mark.slow
+def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp_path, capsys):
+    peers = benchmark("peers")
     args = [
         "--images",
         "60",
@@ -47,11 +53,7 @@ def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp
 
 @pytest.mark.slow
 def test_the_scaling_benchmark_reports_efficiency_per_worker_count(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
-    try:
-        import scaling
-    finally:
-        sys.path.remove(str(ROOT_DIR / "benchmarks"))
+    scaling = benchmark("scaling")
     args = ["--images", "60", "--rounds", "1", "--batch-size", "8", "--batches", "2", "--workers", "1,2,64"]
     result = scaling.main(
         [*args, "--loaders", "ImageFolder + PIL,feedline folder", "--data-dir", str(tmp_path)]
