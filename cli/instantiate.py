@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 # Errors that already name their config key (``source.root '/x' does not exist ...``) pass through
 # unchanged; anything else is wrapped with the key and the _target_ that failed.
-_NAMES_A_KEY = re.compile(r"\b(source|data|transforms|collate|model|trainer|paths)\.\w+")
+_NAMES_A_KEY = re.compile(
+    r"\b(source|data|transforms|collate|mix|model|trainer|callbacks|logger|paths|out|bench)\.\w+"
+)
 
 
 def require(cfg: DictConfig, *keys: str) -> None:

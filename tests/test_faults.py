@@ -183,3 +183,23 @@ def test_the_commands_print_an_error_that_names_its_key_alone(tmp_path):
         args, cwd=tmp_path, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True, timeout=300
     )
     assert full.returncode == 1 and "Traceback" in full.stderr
+
+
+@pytest.mark.parametrize(
+    "message, short",
+    [
+        (
+            "out.size=16 centre-crops raw squares: set out.mode=raw, or use out.max_side",
+            True,
+        ),  # convert.py's keys
+        ("bench.batches must be >= 1", True),
+        ("something went wrong inside torch", False),  # names no key: the traceback is the story
+    ],
+)
+def test_errors_naming_any_commands_key_print_alone(monkeypatch, capsys, message, short):
+    from feedline.cli.instantiate import short_errors
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit if short else ValueError), short_errors():
+        raise ValueError(message)
+    assert (f"Error: {message}" in capsys.readouterr().err) is short
