@@ -23,7 +23,7 @@ from torchvision.io import encode_jpeg
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
-from feedline.datasets.hdf5_layout import FORMAT
+from feedline.datasets.hdf5_layout import FORMAT, RAGGED
 from feedline.datasets.scan import available_cpus
 from feedline.transforms.decode import DecodeError, decode
 from feedline.writers.options import HDF5WriteOptions
@@ -205,7 +205,7 @@ class _PixelSpool:
         else:
             row_shape = ()
             images = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
-            images.attrs["layout"] = "ragged-hwc"
+            images.attrs["layout"] = RAGGED
             f.create_dataset("shapes", data=shapes.astype(np.int32))
             f.create_dataset("offsets", data=offsets)
         row = int(np.prod(row_shape))  # bytes per dataset row: a block holds whole rows
