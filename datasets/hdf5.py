@@ -107,11 +107,12 @@ class HDF5Records(Records):
         against 15 ms row by row)."""
         rows = np.fromiter((self.row(i) for i in indices), dtype=np.int64, count=len(indices))
         images, labels = self.images, self.labels.array
-        if self.mapped is not None or self.ragged:
-            # memory-mapped: zero-copy row views, a crop touches only its window's pages; ragged rows
-            # not mapped: one slice read each, in file order
-            order = rows.tolist() if self.mapped is not None else sorted(set(rows.tolist()))
-            read = {r: self._payload(self._row(images, r)) for r in order}
+        if (
+            self.mapped is not None
+        ):  # memory-mapped: zero-copy row views; a crop touches only its window's pages
+            return [(self._payload(self._row(images, r)), int(labels[r])) for r in rows.tolist()]
+        if self.ragged:  # ragged rows not mapped (a compressed file): one slice read each, in file order
+            read = {r: self._payload(self._row(images, r)) for r in sorted(set(rows.tolist()))}
             return [(read[r], int(labels[r])) for r in rows.tolist()]
         unique, inverse = np.unique(rows, return_inverse=True)
         if self.encoded:
