@@ -39,6 +39,7 @@ from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
 from feedline.transforms.collate import Batch, Collate, DefaultCollate, WithPaths
+from feedline.transforms.deferred import defer_crop
 from feedline.transforms.stacks import TransformStacks
 
 log = logging.getLogger(__name__)
@@ -185,9 +186,12 @@ class ImageDataModule(L.LightningDataModule):
             if split == "test":
                 raise ValueError(f"the test split is empty: {message}")
             log.warning("the val split is empty: %s", message)
+        transform = self.transforms.train if split == "train" else self.transforms.eval
+        if getattr(self.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
+            transform = defer_crop(transform)
         return SampleDataset(
             records,
-            self.transforms.train if split == "train" else self.transforms.eval,
+            transform,
             self.on_bad_sample,
             self.reduced_decode,
             self.max_pixels,

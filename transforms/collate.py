@@ -13,6 +13,7 @@ from torch.utils.data import default_collate
 from feedline.conf.rebuild import Rebuildable
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import BatchPool, empty
+from feedline.transforms.deferred import PendingCrop
 
 __all__ = ["Batch", "Collate", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
 
@@ -52,7 +53,9 @@ class DefaultCollate(Collate):
         return Batch(image, label)
 
 
-def _is_channels_last(image: torch.Tensor) -> bool:
+def _is_channels_last(image) -> bool:
+    if isinstance(image, PendingCrop):
+        return image.channels_last
     return image.dim() == 3 and image.shape[0] > 1 and image.stride(0) == 1
 
 
@@ -61,7 +64,12 @@ class Uint8Collate(Collate):
     tensor (and the labels) sit in one shared-memory segment that crosses to the main process uncopied,
     and that the worker reuses once the main process has freed it (``reuse_buffers``, see
     ``transforms.batch_pool``). Samples laid out channels-last (what the decoders and the uint8 crops
-    produce) give a channels-last batch: each copy is one block."""
+    produce) give a channels-last batch: each copy is one block.
+
+    It also takes ``PendingCrop`` samples (``writes_pending``): the datamodule then defers a train stack's
+    final crop and flip (``transforms.deferred``), and each crop is resized straight into its slot."""
+
+    writes_pending = True
 
     def __init__(self, reuse_buffers: bool = True):
         self.reuse_buffers = bool(reuse_buffers)
@@ -84,7 +92,10 @@ class Uint8Collate(Collate):
         if channels_last:
             out = out.permute(0, 3, 1, 2)
         for k, (image, _) in enumerate(samples):
-            out[k].copy_(image)
+            if isinstance(image, PendingCrop):
+                image.write_into(out[k])
+            else:
+                out[k].copy_(image)
         label.copy_(_labels(samples))
         return finish(Batch(out, label))
 

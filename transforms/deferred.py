@@ -1,0 +1,116 @@
+"""A train stack's last pixel work, deferred to the collate: the crop is resized straight into the batch.
+
+A stack that ends ``RandomResizedCrop`` (optionally followed by ``RandomHorizontalFlip``) normally makes a
+224x224 image per sample, flips it into another, and the collate copies that into the batch: three passes over
+the output and a Python call chain per transform. When the collate writes batches itself (``Uint8Collate``),
+``defer_crop`` replaces such a stack with ``DeferredCrop``: per sample it makes the same random draws, in the
+same order, as the stack would (so a sample's seed gives the same crop and flip as before, in any worker and
+after a resume) and returns a ``PendingCrop``, the decoded image with its window. The collate then resizes
+each window directly into its slot of the shared-memory batch, flipping the window as it packs it for the
+resize kernel (a horizontal flip commutes with a resize). The pixels equal the stack's, bit for bit
+(``tests/test_deferred.py``); only the copies and calls are gone (``benchmarks/peers.py``).
+
+Every other stack, input or collate keeps the ordinary path: ``defer_crop`` returns the stack unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2.functional._geometry import _do_native_uint8_resize_on_cpu
+
+from feedline.transforms.crop import RandomResizedCrop, channels_last
+from feedline.transforms.flip import RandomHorizontalFlip
+
+_AA = torch.ops.aten._upsample_bilinear2d_aa.out
+_BILINEAR = v2.InterpolationMode.BILINEAR
+# torchvision's transforms and feedline's fast subclasses of them (the same draws and pixels); subclasses
+# of either, with draws or pixel work of their own, keep the ordinary path.
+_CROPS = (v2.RandomResizedCrop, RandomResizedCrop)
+_FLIPS = (v2.RandomHorizontalFlip, RandomHorizontalFlip)
+
+
+class PendingCrop:
+    """A decoded uint8 (C, H, W) image, the window to crop from it and whether to flip it, resized to ``size``
+    only when the collate writes it into its batch (``write_into``). It has the ``shape`` and ``dtype`` of the
+    image it stands for, and lays it out channels-last, as the uint8 crops do."""
+
+    __slots__ = ("image", "box", "flip", "crop")
+    channels_last = True
+
+    def __init__(self, image: torch.Tensor, box: tuple[int, int, int, int], flip: bool, crop):
+        self.image, self.box, self.flip, self.crop = image, box, flip, crop
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.image.shape[0], *self.crop.size))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.image.dtype
+
+    def window(self) -> torch.Tensor:
+        """The crop window, flipped when drawn so, packed channels-last (one copy of at most the image)."""
+        top, left, height, width = self.box
+        window = self.image[:, top : top + height, left : left + width]
+        return channels_last(window.flip(-1) if self.flip else window)
+
+    def write_into(self, out: torch.Tensor) -> None:
+        """Resize the window into ``out``, a (C, *size) uint8 view of the batch."""
+        window = self.window()
+        crop = self.crop
+        if _fused_kernel(crop) and tuple(window.shape[1:]) != tuple(crop.size):
+            _AA(window[None], list(crop.size), False, None, None, out=out[None])
+        else:  # any other interpolation, or a window already of the output size: torchvision's own resize
+            out.copy_(
+                F.resize(window, list(crop.size), interpolation=crop.interpolation, antialias=crop.antialias)
+            )
+
+    def materialize(self) -> torch.Tensor:
+        """The image the stack would have returned, as a tensor (for code that wants one)."""
+        out = torch.empty((*self.crop.size, self.image.shape[0]), dtype=self.dtype).permute(2, 0, 1)
+        self.write_into(out)
+        return out
+
+
+def _fused_kernel(crop: v2.RandomResizedCrop) -> bool:
+    """torchvision resizes this crop with torch's uint8 antialiased bilinear kernel, which can write in place."""
+    try:
+        mode = v2.InterpolationMode(
+            crop.interpolation
+        )  # torchvision keeps the mode as given: enum or its name
+    except ValueError:
+        return False
+    return mode == _BILINEAR and bool(crop.antialias) and _do_native_uint8_resize_on_cpu(_BILINEAR)
+
+
+class DeferredCrop(v2.Compose):
+    """The stack ``[RandomResizedCrop]`` or ``[RandomResizedCrop, RandomHorizontalFlip]``, for the collate to
+    finish: one plain uint8 image in, a ``PendingCrop`` out. Any other input goes through the stack as usual;
+    everything that inspects a ``Compose`` (reduced-size decoding reads its first transform) sees the same."""
+
+    def __init__(self, transforms):
+        super().__init__(list(transforms))
+        self.crop = self.transforms[0]
+        self.flip_p = self.transforms[1].p if len(self.transforms) > 1 else None
+
+    def __call__(self, *inputs):  # called per sample: no module hooks to run, so skip nn.Module's dispatch
+        image = inputs[0] if len(inputs) == 1 else None
+        if type(image) is not torch.Tensor or image.dim() != 3 or image.dtype != torch.uint8:
+            return self.forward(*inputs)
+        params = self.crop.make_params([image])  # the draws RandomResizedCrop makes, in its order
+        flip = self.flip_p is not None and bool(torch.rand(1) < self.flip_p)  # then the flip's one draw
+        box = (params["top"], params["left"], params["height"], params["width"])
+        return PendingCrop(image, box, flip, self.crop)
+
+
+def defer_crop(stack):
+    """``DeferredCrop(stack)`` when the stack is a crop (and flip) whose pixel work can move into the collate,
+    else ``stack`` unchanged."""
+    if type(stack) is not v2.Compose or not 1 <= len(stack.transforms) <= 2:
+        return stack
+    crop, *rest = stack.transforms
+    if type(crop) not in _CROPS or (rest and type(rest[0]) not in _FLIPS):
+        return stack
+    return DeferredCrop(stack.transforms)
