@@ -38,24 +38,33 @@ from peer_work import crop_and_flip, decode_jpeg, samples  # noqa: E402 - standa
 
 
 # -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
-def feedline_loader(source, args):
-    """feedline's datamodule with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
+def feedline_loader(source, args, lightning: bool = False):
+    """feedline's loaders (``ImageLoaders``: no Lightning import; ``lightning``: the ``ImageDataModule`` that
+    wraps them) with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
     RandomHorizontalFlip as feedline ships them (the same parameters, draws and pixels, bit for bit)."""
-    from feedline.datamodules.image import ImageDataModule
     from feedline.transforms.collate import Uint8Collate
     from feedline.transforms.crop import RandomResizedCrop
     from feedline.transforms.flip import RandomHorizontalFlip
     from feedline.transforms.stacks import TransformStacks
 
+    if lightning:
+        from feedline.datamodules.image import ImageDataModule as Loaders
+    else:
+        from feedline.datamodules.loaders import ImageLoaders as Loaders
     stacks = TransformStacks(train=[RandomResizedCrop(224, antialias=True), RandomHorizontalFlip()])
-    dm = ImageDataModule(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
-    return dm.train_dataloader()
+    loaders = Loaders(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
+    return loaders.train_dataloader()
 
 
-def feedline_folder(data, args):
+def feedline_folder(data, args, lightning: bool = False):
     from feedline.datasets.folder import FolderSource
 
-    return feedline_loader(FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"]), args)
+    source = FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"])
+    return feedline_loader(source, args, lightning)
+
+
+def feedline_datamodule(data, args):
+    return feedline_folder(data, args, lightning=True)
 
 
 def feedline_hdf5(key):
@@ -122,6 +131,7 @@ LOADERS = {
     "LitData": ("JPEG tree", "litdata", litdata_loader),
     **{name: (kind, f"overlay:{peer}", build) for name, (kind, peer, build) in peer_overlays.LOADERS.items()},
     "feedline folder": ("JPEG tree", None, feedline_folder),
+    "feedline folder (LightningDataModule)": ("JPEG tree", None, feedline_datamodule),
     "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
     "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
 }
@@ -391,7 +401,12 @@ def main(argv=None) -> dict:
         args.batches = max(
             1, args.images // args.batch_size - 4
         )  # the rest of one epoch, workers still alive
-    wanted = args.loaders.split(",") if args.loaders else list(LOADERS)
+    wanted = [n.strip() for n in args.loaders.split(",")] if args.loaders else list(LOADERS)
+    unknown = [n for n in wanted if n not in LOADERS]
+    if unknown:
+        parser.error(
+            f"--loaders: no loader named {', '.join(map(repr, unknown))}; known: {', '.join(LOADERS)}"
+        )
     names = [n for n in wanted if installed(LOADERS[n][1])]
     missing = [n for n in wanted if n not in names]
     data = prepare(args, names)

@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import MissingMandatoryValue
-
 DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
 
 
@@ -31,6 +28,11 @@ def build(value, key: str) -> tuple[Any, Any]:
     if isinstance(value, str):
         raise TypeError(f"data.{key}={value!r} is neither a config with a _target_ nor an object")
     if is_config(value):
+        # Only parts given as config need OmegaConf and Hydra: objects (a plain PyTorch loop) load neither.
+        from hydra.utils import instantiate
+        from omegaconf import OmegaConf
+        from omegaconf.errors import MissingMandatoryValue
+
         try:
             plain = OmegaConf.to_container(OmegaConf.create(value), resolve=True, throw_on_missing=True)
         except MissingMandatoryValue as err:
@@ -49,8 +51,6 @@ def build(value, key: str) -> tuple[Any, Any]:
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
-        from hydra.utils import instantiate  # only for parts given as config: objects need no Hydra
-
         return instantiate(plain), plain
     rebuild = getattr(value, "rebuild_config", None)
     config = rebuild() if callable(rebuild) else None

@@ -1,7 +1,9 @@
 """What every DataLoader worker runs first: seeding by rank, and the run's log files.
 
-Seeding: torch, ``random`` and numpy from the loader's seed, the worker id and the global rank (Lightning's
-``pl_worker_init_function``), so augmentations differ between workers and ranks and repeat under one seed.
+Seeding: torch, ``random`` and numpy from the loader's seed, the worker id and the global rank (numpy's
+``SeedSequence`` mixes the three, as Lightning's ``pl_worker_init_function`` does), so augmentations differ
+between workers and ranks and repeat under one seed. The train loader seeds each sample besides
+(``resume.py``); this covers what other loaders, and transforms with their own generators, draw.
 
 Logging: a forked worker inherits the main process's handlers; a spawned one starts with none, so its
 warnings (a bad sample's path) would reach the console but not the run's log file. The file handlers the
@@ -11,8 +13,21 @@ main process has when the loader is built are opened again, for appending, in ea
 from __future__ import annotations
 
 import logging
+import random
 
-from lightning.fabric.utilities.seed import pl_worker_init_function
+import numpy as np
+import torch
+
+
+def seed_worker(worker_id: int, rank: int) -> None:
+    """Seed torch, ``random`` and numpy in a worker from the loader's base seed, ``worker_id`` and ``rank``."""
+    base_seed = torch.initial_seed() - worker_id  # torch gives each worker base_seed + worker_id
+    torch_seed, python_seed = np.random.SeedSequence([base_seed, worker_id, rank]).generate_state(
+        2, np.uint64
+    )
+    torch.manual_seed(int(torch_seed))
+    random.seed(int(python_seed))
+    np.random.seed(np.random.SeedSequence([base_seed, worker_id, rank, 1]).generate_state(4))
 
 
 class WorkerInit:
@@ -25,7 +40,7 @@ class WorkerInit:
         ]
 
     def __call__(self, worker_id: int) -> None:
-        pl_worker_init_function(worker_id, rank=self.rank)
+        seed_worker(worker_id, self.rank)
         root = logging.getLogger()
         open_files = {getattr(h, "baseFilename", None) for h in root.handlers}
         for filename, fmt, level in self.log_files:

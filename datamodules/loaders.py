@@ -1,0 +1,340 @@
+"""ImageLoaders: source + transform stacks + collate -> DataLoaders, without Lightning.
+
+The whole data layer of ``ImageDataModule`` (``image.py``, which adds Lightning's hooks and checkpointed
+hyper-parameters): a plain PyTorch loop, or another framework, uses it as it is and never imports Lightning,
+so a process that only loads data starts sooner.
+
+__init__                   builds source/transforms/collate from their config (``config`` rebuilds it)
+prepare_data()             once per node: source.prepare() scans and caches
+setup(stage)               source.split() -> RecordSet -> SampleDataset
+                           (fit: train+val, validate: val, test: test, predict: data.predict_root)
+*_dataloader()             DataLoader with the resolved loader knobs
+device_batch()             the batch stack on the device (uint8 -> float, normalise), mix on training batches,
+                           one memory format for every split
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from feedline.datamodules.bad_samples import check_max_bad_fraction
+from feedline.datamodules.knobs import (
+    check_prefetch_factor,
+    check_steps,
+    parse_memory_format,
+    per_device_batch_size,
+    resolve_num_workers,
+    resolve_pin_memory,
+)
+from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
+from feedline.datamodules.parts import build, unrebuildable
+from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, check_resume_mode
+from feedline.datamodules.samples import SampleDataset
+from feedline.datamodules.workers import WorkerInit
+from feedline.datasets.records import Source, require_dir
+from feedline.datasets.unlabeled import unlabeled_folder
+from feedline.transforms.collate import Batch, Collate, DefaultCollate, WithPaths
+from feedline.transforms.deferred import defer_crop
+from feedline.transforms.stacks import TransformStacks
+
+log = logging.getLogger(__name__)
+
+_DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed schema
+_STAGES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+
+
+class ImageLoaders:
+    """``source`` + ``transforms`` + ``collate`` and the loader knobs (``data.*``, see DataConfig).
+
+    ``source``, ``transforms`` and ``collate`` are objects, or their configs (a mapping with ``_target_``),
+    which the loaders build; ``config`` holds what rebuilds them (``ImageDataModule`` saves it in checkpoints).
+    """
+
+    trainer = None  # a Lightning Trainer, when ImageDataModule runs under one
+
+    def __init__(
+        self,
+        source: Source | dict[str, Any],
+        transforms: TransformStacks | dict[str, Any] | None = None,
+        collate: Collate | dict[str, Any] | None = None,
+        batch_size: int = _DEFAULTS.batch_size,
+        global_batch_size: int | None = _DEFAULTS.global_batch_size,
+        num_workers: int | str = _DEFAULTS.num_workers,
+        pin_memory: bool | str = _DEFAULTS.pin_memory,
+        persistent_workers: bool = _DEFAULTS.persistent_workers,
+        prefetch_factor: int | None = _DEFAULTS.prefetch_factor,
+        on_bad_sample: str | OnBadSample = _DEFAULTS.on_bad_sample,
+        max_bad_fraction: float = _DEFAULTS.max_bad_fraction,
+        multiprocessing_context: str | None = _DEFAULTS.multiprocessing_context,
+        drop_last: bool = _DEFAULTS.drop_last,
+        reduced_decode: bool = _DEFAULTS.reduced_decode,
+        max_pixels: int | None = _DEFAULTS.max_pixels,
+        predict_root: str | None = _DEFAULTS.predict_root,
+        memory_format: str = _DEFAULTS.memory_format,
+        seed: int | None = _DEFAULTS.seed,
+        resume: str = _DEFAULTS.resume,
+    ):
+        super().__init__()
+        missing = unrebuildable({"source": source, "transforms": transforms, "collate": collate})
+        if missing:
+            raise ValueError(
+                f"{', '.join(f'data.{k}' for k in missing)} {'was' if len(missing) == 1 else 'were'} given as "
+                "Python objects that no config rebuilds when this checkpoint was written, so it holds their "
+                f"description only: pass {', '.join(f'{k}=...' for k in missing)} to rebuild the datamodule"
+            )
+        self.source, source_config = build(source, "source")
+        if self.source is None:
+            raise ValueError(
+                "data.source is required: pick one (source=folder source.root=...) or pass a source"
+            )
+        self.transforms, transforms_config = build(transforms, "transforms")
+        # No stack given: images reach the model as float in 0..1 (not normalised), never as uint8.
+        self.transforms = self.transforms or TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
+        self.collate, collate_config = build(collate, "collate")
+        self.collate = self.collate or DefaultCollate()
+        self.batch_size = int(batch_size)
+        self.global_batch_size = global_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = bool(persistent_workers)
+        self.prefetch_factor = check_prefetch_factor(prefetch_factor)
+        self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
+        self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
+        self.multiprocessing_context = multiprocessing_context
+        self.drop_last = bool(drop_last)
+        self.reduced_decode = bool(reduced_decode)
+        self.max_pixels = max_pixels
+        self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
+        self.memory_format = parse_memory_format(memory_format)
+        self.seed = seed
+        self.resume = check_resume_mode(resume)
+        self.position = Position()  # the train loader's, in its epoch; saved through the loader's state_dict
+        resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
+        resolve_pin_memory(pin_memory, False)
+        self.datasets: dict[str, SampleDataset] = {}
+        self._remember(
+            {
+                "source": source_config,
+                "transforms": transforms_config,
+                "collate": collate_config,
+                "batch_size": self.batch_size,
+                "global_batch_size": global_batch_size,
+                "num_workers": num_workers,
+                "pin_memory": pin_memory,
+                "persistent_workers": self.persistent_workers,
+                "prefetch_factor": self.prefetch_factor,
+                "on_bad_sample": self.on_bad_sample.value,
+                "max_bad_fraction": self.max_bad_fraction,
+                "multiprocessing_context": multiprocessing_context,
+                "drop_last": self.drop_last,
+                "reduced_decode": self.reduced_decode,
+                "max_pixels": max_pixels,
+                "predict_root": self.predict_root,
+                "memory_format": memory_format,
+                "seed": seed,
+                "resume": self.resume,
+            }
+        )
+
+    def _remember(self, config: dict) -> None:
+        """What rebuilds these loaders: the parts' configs and every knob."""
+        self.config = config
+
+    @property
+    def classes(self) -> list[str]:
+        return self.source.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label, as torchvision's ``ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    def _bind_mix(self) -> None:
+        if getattr(self.transforms.mix, "num_classes", 0) is None:
+            self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        self._bind_mix()
+        for split in _STAGES.get(stage or "fit", ("train", "val")):
+            if split not in self.datasets:
+                self.datasets[split] = self._dataset(split)
+                log.info("%s split: %d samples", split, len(self.datasets[split]))
+
+    def _dataset(self, split: str) -> SampleDataset:
+        if split == "predict":
+            if self.predict_root is None:
+                raise ValueError("trainer.predict needs images: set data.predict_root=/path/to/images")
+            records = unlabeled_folder(self.predict_root)
+        else:
+            records = self.source.split(split)
+        if split == "train" and not len(records):
+            raise ValueError(
+                f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
+            )
+        share = getattr(self.source, f"{split}_fraction", 0) if split in ("val", "test") else 0
+        if share and not len(records):  # each class's share rounds to 0 samples
+            message = (
+                f"source.{split}_fraction={share} holds out no sample: each class's share rounds to 0; "
+                f"raise source.{split}_fraction"
+            )
+            if split == "test":
+                raise ValueError(f"the test split is empty: {message}")
+            log.warning("the val split is empty: %s", message)
+        transform = self.transforms.train if split == "train" else self.transforms.eval
+        if getattr(self.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
+            transform = defer_crop(transform)
+        return SampleDataset(
+            records,
+            transform,
+            self.on_bad_sample,
+            self.reduced_decode,
+            self.max_pixels,
+            self.max_bad_fraction,
+            with_paths=split == "predict",
+        )
+
+    def train_dataloader(self) -> ResumableLoader:
+        """Shuffled by (seed, epoch), split over the ranks here rather than by Lightning, and resumable
+        mid-epoch (``resume.py``)."""
+        dataset = self._split("train")
+        dataset.share_bad_samples()
+        settings = self.loader_settings()
+        world_size, rank = self._world()[:2]
+        check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
+        seed = self.run_seed()
+        # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
+        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        sampler = EpochSampler(
+            len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
+        )
+        checks = {
+            "samples": len(dataset),
+            "classes": self.num_classes,
+            "batch_size": settings["batch_size"],
+            "world_size": world_size,
+            "seed": seed,
+            "drop_last": self.drop_last,
+        }
+        return ResumableLoader(
+            dataset,
+            sampler=sampler,
+            checks=checks,
+            mode=self.resume,
+            progress=self._fit_progress,
+            drop_last=self.drop_last,
+            **settings,
+        )
+
+    def _fit_progress(self) -> tuple[int, int] | None:
+        """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return None
+        processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if processed >= trainer.num_training_batches:  # the epoch is over (limit_train_batches counted)
+            return self.position.epoch + 1, 0
+        return self.position.epoch, processed
+
+    def run_seed(self) -> int:
+        """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""
+        if self.seed is not None:
+            return int(self.seed)
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def val_dataloader(self):
+        if not len(self._split("val")):
+            return []  # source.val_fraction=0 and no val_root: nothing to validate on
+        return self._loader("val", shuffle=False, drop_last=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False, drop_last=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches of ``data.predict_root``'s images in sorted path order; ``batch.paths`` names each."""
+        return self._loader("predict", shuffle=False, drop_last=False)
+
+    def device_batch(
+        self,
+        batch: Batch,
+        training: bool = False,
+        device: torch.device | str | None = None,
+        seed: int | None = None,
+    ) -> Batch:
+        """What happens to a batch on the device: the batch stack (uint8 -> float, normalise), then, for
+        training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix), in one memory
+        format for every split (``data.memory_format``). Lightning calls it after each transfer; a plain
+        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first.
+        ``seed``: the mix draws from a generator seeded with it (the same mix after a resume)."""
+        self._bind_mix()
+        if device is not None:
+            batch = batch.to(device)
+        image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
+        seeded = seed is not None and training and self.transforms.mix is not None
+        with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
+            if seeded:  # the mix of this batch, whatever ran before it
+                torch.default_generator.manual_seed(seed)
+            image, label = self.transforms.on_device(image, batch.label, training)
+        image = self._format(image)  # a no-op unless a transform changed the layout
+        if image.dim() == 4 and not image.is_floating_point():
+            raise TypeError(
+                f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
+                "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
+            )
+        return batch.replace(image=image, label=label)
+
+    def _format(self, image: torch.Tensor) -> torch.Tensor:
+        return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image
+
+    # -- knobs resolved against the trainer -------------------------------------------------------
+    def _world(self) -> tuple[int, int, int, bool]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0, 1, torch.cuda.is_available()  # a plain loop: pin when a GPU is there to copy to
+        from lightning.pytorch.accelerators import CUDAAccelerator  # under a Trainer: Lightning is loaded
+
+        on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
+        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices), on_gpu
+
+    def loader_settings(self) -> dict:
+        world_size, rank, devices, on_gpu = self._world()
+        workers = resolve_num_workers(self.num_workers, devices)
+        settings = {
+            "batch_size": per_device_batch_size(self.batch_size, self.global_batch_size, world_size),
+            "num_workers": workers,
+            "pin_memory": resolve_pin_memory(self.pin_memory, on_gpu),
+            "collate_fn": self.collate,
+        }
+        if workers:
+            settings["persistent_workers"] = self.persistent_workers
+            settings["prefetch_factor"] = self.prefetch_factor
+            settings["multiprocessing_context"] = self.multiprocessing_context
+            # Seeds from (loader seed, worker, rank), with or without a Trainer; the run's log files.
+            settings["worker_init_fn"] = WorkerInit(rank)
+        return settings
+
+    def _split(self, split: str) -> SampleDataset:
+        if split not in self.datasets:
+            self.setup({"train": "fit", "val": "validate"}.get(split, split))
+        return self.datasets[split]
+
+    def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
+        dataset = self._split(split)
+        dataset.share_bad_samples()
+        settings = self.loader_settings()
+        if split == "predict":
+            settings["collate_fn"] = WithPaths(settings["collate_fn"])
+        return DataLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)
