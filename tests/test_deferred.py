@@ -13,7 +13,7 @@ from feedline.datasets.folder import FolderSource
 from feedline.transforms import deferred as deferred_module
 from feedline.transforms.collate import DefaultCollate, Uint8Collate
 from feedline.transforms.crop import RandomResizedCrop
-from feedline.transforms.deferred import DeferredCrop, PendingCrop, defer_crop
+from feedline.transforms.deferred import CropDraws, DeferredCrop, PendingCrop, defer_crop
 from feedline.transforms.flip import RandomHorizontalFlip
 from feedline.transforms.stacks import TransformStacks, compose
 from tests.helpers import simple_tree
@@ -135,3 +135,27 @@ def test_the_datamodule_defers_only_for_the_uint8_collate(tmp_path):
     dm = ImageDataModule(source, stacks, DefaultCollate(), batch_size=4)
     dm.setup("fit")
     assert dm.datasets["train"].transform is stacks.train
+
+
+@pytest.mark.parametrize(
+    "crop",
+    [
+        RandomResizedCrop(48),
+        v2.RandomResizedCrop(20, scale=(0.3, 0.9), ratio=(0.5, 2.0)),
+        RandomResizedCrop(16, scale=(0.95, 1.0), ratio=(3.0, 4.0)),  # rarely fits: the centre-crop fallback
+    ],
+)
+def test_crop_draws_are_torchvisions(crop):
+    draws = CropDraws(crop, flip_p=0.7)
+    flip = v2.RandomHorizontalFlip(p=0.7)
+    for seed in range(400):
+        height, width = 20 + seed % 97, 20 + (seed * 7) % 131
+        image = torch.zeros(3, height, width, dtype=torch.uint8)
+        torch.manual_seed(seed)
+        params = crop.make_params([image])
+        flipped = not torch.equal(flip(torch.arange(2)[None, None]), torch.arange(2)[None, None])
+        after = torch.rand(1)
+        torch.manual_seed(seed)
+        assert draws.box(height, width) == (params["top"], params["left"], params["height"], params["width"])
+        assert draws.flip() == flipped
+        assert torch.equal(torch.rand(1), after)  # the generator is left where torchvision leaves it
