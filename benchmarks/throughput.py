@@ -67,10 +67,19 @@ def ensure_hdf5(root: str, name: str, **options) -> str:
     from feedline.writers.options import HDF5WriteOptions
 
     path = os.path.join(os.path.dirname(root), f"{os.path.basename(root)}-{name}.h5")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or _written_before_packing(path):
         source = FolderSource(root, val_fraction=0, cache_dir=os.path.join(os.path.dirname(root), "cache"))
         convert(source.split("train"), source.classes, HDF5WriteOptions(path=path, **options))
     return path
+
+
+def _written_before_packing(path: str) -> bool:
+    """A file from before every non-square layout was packed into one flat array: converted again, so the
+    rows measure what convert.py writes now."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return f["images"].ndim == 1 and "offsets" not in f
 
 
 # -- rows -----------------------------------------------------------------------------------------------
@@ -102,9 +111,10 @@ class PlainH5(Dataset):
 
         with h5py.File(self.path, "r") as f:
             label = int(f["labels"][i])
-            if "offsets" in f:  # raw whole images: one flat pixel array
+            if "offsets" in f:  # one flat array: encoded files' bytes, or raw whole images' pixels
                 start, stop = (int(x) for x in f["offsets"][i : i + 2])
-                data = f["images"][start:stop].reshape(f["shapes"][i])
+                data = f["images"][start:stop]
+                data = data.reshape(f["shapes"][i]) if "shapes" in f else data
             else:
                 data = f["images"][i]
         image = torch.from_numpy(data).permute(2, 0, 1) if data.ndim == 3 else decode(data)

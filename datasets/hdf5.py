@@ -66,19 +66,23 @@ class HDF5Records(Records):
                 self._images = open_hdf5(self.path)[self.images_key]
             if self.ragged:
                 with open_hdf5(self.path) as f:
-                    self._shapes, self._offsets = (
-                        _map(self.path, self.ragged[name], mode="r") if self.ragged[name] else f[name][:]
-                        for name in ("shapes", "offsets")
-                    )
+                    index = {
+                        name: _map(self.path, where, mode="r") if where else f[name][:]
+                        for name, where in self.ragged.items()
+                    }
+                self._shapes, self._offsets = index.get("shapes"), index["offsets"]
             self._pid = os.getpid()
         return self._images
 
     def _row(self, images, row: int):
-        """Row ``row`` as stored: an array row, or a ragged file's (H, W, 3) view of the flat pixels."""
+        """Row ``row`` as stored: an array row, or a ragged file's view of its flat array: (H, W, 3) raw
+        pixels, or an encoded image's bytes."""
         if not self.ragged:
             return images[row]
-        height, width, channels = (int(d) for d in self._shapes[row])
         start = int(self._offsets[row])
+        if self._shapes is None:
+            return images[start : int(self._offsets[row + 1])]
+        height, width, channels = (int(d) for d in self._shapes[row])
         return images[start : start + height * width * channels].reshape(height, width, channels)
 
     @property

@@ -2,7 +2,9 @@
 
 Layout written by ``convert.py`` (``FORMAT`` 1):
 
-    images   encoded: variable-length uint8 (the original or re-encoded file bytes), shape (N,)
+    images   encoded: the original or re-encoded file bytes, one flat uint8 array of every row's bytes with
+                      ``offsets`` int64 (N + 1) beside it (layout attr ``ragged-bytes``), so readers map it;
+                      files written before, or by other tools, hold variable-length uint8 (N,) instead
              raw:     uint8 pixels, resized once at conversion, no decode when training; either whole images
                       at their aspect ratio (``out.max_side``; layout attr ``ragged-hwc``): one flat array of
                       every row's H*W*3 bytes, with ``shapes`` int32 (N, 3) and ``offsets`` int64 (N + 1);
@@ -25,6 +27,7 @@ import numpy as np
 FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
 RAGGED = "ragged-hwc"  # raw whole images of varying size, one flat pixel array (see above)
+RAGGED_BYTES = "ragged-bytes"  # encoded images, one flat byte array (see above)
 SCALES = {"uint8": 255.0, "float32": 1.0, "float16": 1.0, "float64": 1.0}
 
 log = logging.getLogger(__name__)
@@ -64,40 +67,47 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
                     f"{', '.join(f.keys())})"
                 )
         images, labels = f[images_key], f[labels_key]
-        encoded = h5py.check_vlen_dtype(images.dtype) is not None
-        ragged = not encoded and images.attrs.get("layout") == RAGGED
-        rows = len(f["shapes"]) if ragged and "shapes" in f else len(images)
+        vlen = h5py.check_vlen_dtype(images.dtype) is not None
+        packed = images.attrs.get("layout") if not vlen else None
+        ragged = packed in (RAGGED, RAGGED_BYTES)
+        encoded = vlen or packed == RAGGED_BYTES
+        rows = len(f["offsets"]) - 1 if ragged and "offsets" in f else len(images)
         if rows != len(labels):
             raise ValueError(f"{key} '{path}': {rows} images but {len(labels)} labels")
+        where = f"{key} '{path}'"
         info = {
             "encoded": encoded,
-            "layout": RAGGED if ragged else _layout(images, layout, path) if not encoded else "hwc",
-            "ragged": _ragged_index(f, images, len(labels), f"{key} '{path}'") if ragged else None,
-            "scale": 1.0 if encoded else _scale(images, dtype, f"{key} '{path}'"),
+            "layout": packed if ragged else _layout(images, layout, path) if not encoded else "hwc",
+            "ragged": _ragged_index(f, images, len(labels), where, packed) if ragged else None,
+            "scale": 1.0 if encoded else _scale(images, dtype, where),
             "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
             "n": len(labels),
-            "mapped": _mappable(images) if not encoded else None,
+            "mapped": _mappable(images) if not vlen else None,
         }
     return info
 
 
-def _ragged_index(f: h5py.File, images, n: int, where: str) -> dict:
-    """Where the ``shapes`` and ``offsets`` of a ragged raw file are (mapped, or to be read whole), checked
-    against the pixel array: a file cut short or edited by hand fails here, not as a wrong image later."""
-    for name in ("shapes", "offsets"):
+def _ragged_index(f: h5py.File, images, n: int, where: str, layout: str) -> dict:
+    """Where the ``offsets`` (and, for raw pixels, the ``shapes``) of a ragged file are (mapped, or to be read
+    whole), checked against the flat array: a file cut short or edited by hand fails here, not as a wrong
+    image later."""
+    names = ("shapes", "offsets") if layout == RAGGED else ("offsets",)
+    what = "ragged raw images" if layout == RAGGED else "packed encoded images"
+    for name in names:
         if name not in f:
-            raise KeyError(f"{where}: ragged raw images without a '{name}' dataset: convert the file again")
-    shapes, offsets = f["shapes"], f["offsets"]
-    if shapes.shape != (n, 3) or offsets.shape != (n + 1,):
+            raise KeyError(f"{where}: {what} without a '{name}' dataset: convert the file again")
+    offsets = f["offsets"]
+    shapes = f["shapes"].shape if layout == RAGGED else (n, 3)
+    if shapes != (n, 3) or offsets.shape != (n + 1,):
         raise ValueError(
-            f"{where}: shapes {shapes.shape} and offsets {offsets.shape} do not fit {n} rows: convert the file again"
+            f"{where}: {' and '.join(f'{k} {f[k].shape}' for k in names)} do not fit {n} rows: convert the file again"
         )
     if n and int(offsets[-1]) != len(images):
         raise ValueError(
-            f"{where}: the offsets end at {int(offsets[-1])} but the pixel array holds {len(images)} bytes: "
+            f"{where}: the offsets end at {int(offsets[-1])} but the flat array holds {len(images)} bytes: "
             f"the file is truncated or damaged; convert it again"
         )
-    return {"shapes": _mappable(shapes), "offsets": _mappable(offsets)}
+    return {name: _mappable(f[name]) for name in names}
 
 
 def _layout(images, layout: str, path: str) -> str:

@@ -49,10 +49,42 @@ def test_encoded_round_trip_is_pixel_identical(make_cfg, tree, tmp_path):
 
 def test_file_layout_and_attributes(make_cfg, tree, tmp_path):
     _convert(make_cfg, tree, tmp_path / "out.h5")
+    folder = FolderSource(tree, val_fraction=0).split("train")
     with h5py.File(tmp_path / "out.h5") as f:
-        assert h5py.check_vlen_dtype(f["images"].dtype) == np.dtype("uint8")
+        # encoded files, packed: one flat byte array, row i between offsets[i] and offsets[i + 1]
+        images, offsets = f["images"], f["offsets"][:]
+        assert images.dtype == np.uint8 and images.attrs["layout"] == "ragged-bytes"
+        assert images.chunks is None and offsets.shape == (19,) and offsets[-1] == len(images)
+        for i in range(18):
+            assert images[offsets[i] : offsets[i + 1]].tobytes() == folder[i][0].tobytes()  # the files' bytes
         assert f["labels"].dtype == np.int64 and f["labels"][:].tolist() == [0] * 6 + [1] * 6 + [2] * 6
         assert f.attrs["classes"] == '["a", "b", "c"]' and f.attrs["mode"] == "encoded"
+    records = HDF5Source(tmp_path / "out.h5", val_fraction=0).split("train")
+    assert records.mapped is not None  # read straight from the page cache, no HDF5 call per row
+    batch = records.getitems([5, 0, 5, 17])
+    assert [p.tobytes() for p, _ in batch] == [folder[i][0].tobytes() for i in (5, 0, 5, 17)]
+    assert [label for _, label in batch] == [0, 0, 0, 2]
+
+
+def test_packed_encoded_file_read_as_the_old_variable_length_one(make_cfg, tree, tmp_path):
+    """Files written before the packed layout (or by other tools) hold variable-length rows: the same samples."""
+    _convert(make_cfg, tree, tmp_path / "out.h5")
+    with h5py.File(tmp_path / "out.h5") as f, h5py.File(tmp_path / "vlen.h5", "w") as old:
+        offsets, flat = f["offsets"][:], f["images"][:]
+        rows = old.create_dataset("images", (18,), dtype=h5py.vlen_dtype(np.uint8))
+        for i in range(18):
+            rows[i] = flat[offsets[i] : offsets[i + 1]]
+        old["labels"] = f["labels"][:]
+        old.attrs.update(f.attrs)
+    packed = HDF5Source(tmp_path / "out.h5", val_fraction=0).split("train")
+    vlen = HDF5Source(tmp_path / "vlen.h5", val_fraction=0).split("train")
+    assert vlen.mapped is None
+    for (a, la), (b, lb) in zip(packed.getitems(range(18)), vlen.getitems(range(18))):
+        assert la == lb and a.tobytes() == b.tobytes()
+    with h5py.File(tmp_path / "out.h5", "a") as f:  # offsets that overrun the bytes: refused, by name
+        f["offsets"][-1] = f["offsets"][-1] + 7
+    with pytest.raises(ValueError, match="offsets end at .* damaged"):
+        HDF5Source(tmp_path / "out.h5", val_fraction=0).split("train")
 
 
 def test_max_side_and_raw_modes(make_cfg, tmp_path):

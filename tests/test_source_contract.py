@@ -44,8 +44,10 @@ def make_source(kind: str, tmp_path, corrupt: int | None = None, **options):
             out.mode, out.max_side = "raw", 8  # whole images at their aspect ratio: ragged rows
         convert_source(FolderSource(tree, cache_dir=cache), out)
         if corrupt is not None:
-            with h5py.File(out.path, "r+") as f:
-                f["images"][corrupt] = np.frombuffer(b"not an image at all", dtype=np.uint8)
+            with h5py.File(out.path, "r+") as f:  # packed bytes: the row's own bytes overwritten
+                start, end = f["offsets"][corrupt : corrupt + 2]
+                garbage = np.frombuffer(b"not an image at all".ljust(end - start, b"\0"), dtype=np.uint8)
+                f["images"][start:end] = garbage[: end - start]
         source = HDF5Source(out.path, cache_dir=cache, **options)
     if corrupt is not None and kind in ("folder", "lazy_folder"):
         with open(source.split("all").describe(corrupt), "wb") as f:

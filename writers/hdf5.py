@@ -23,7 +23,7 @@ from torchvision.io import encode_jpeg
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
-from feedline.datasets.hdf5_layout import FORMAT, RAGGED
+from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.transforms.decode import DecodeError, decode
 from feedline.writers.options import HDF5WriteOptions
@@ -110,10 +110,9 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
     started = time.perf_counter()
     skipped: list[str] = []
     written = 0
-    pixels = _PixelSpool(partial + ".pixels") if options.mode == "raw" else None
+    spool = _Spool(partial + ".spool")
     try:
         with h5py.File(partial, "w") as f:
-            images = None if pixels else _encoded_images(f, n, chunk)
             labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
             tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
             with (
@@ -126,17 +125,11 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
                     rows = [(p, lab) for p, lab, err in results if err is None]
                     skipped.extend(err for _, _, err in results if err is not None)
                     if rows:
-                        if pixels:
-                            pixels.extend(p for p, _ in rows)
-                        else:
-                            images[written : written + len(rows)] = [p for p, _ in rows]
+                        spool.extend(p for p, _ in rows)
                         labels[written : written + len(rows)] = [lab for _, lab in rows]
                         written += len(rows)
                     bar.update(len(results))
-            if pixels:
-                pixels.write_to(f, fixed=bool(options.size))
-            else:
-                images.resize((written,))
+            spool.write_to(f, RAGGED_BYTES if options.mode != "raw" else "hwc" if options.size else RAGGED)
             labels.resize((written,))
             f.attrs.update(
                 {
@@ -156,8 +149,7 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
             os.remove(partial)
         raise
     finally:
-        if pixels:
-            pixels.remove()
+        spool.remove()
     if skipped:
         with open(report, "w", encoding="utf-8") as f:
             f.write("path\terror\n")
@@ -177,14 +169,15 @@ def convert(records, classes: list[str], options: HDF5WriteOptions, description:
     }
 
 
-class _PixelSpool:
-    """Raw rows, appended to a scratch file as they come and copied into one contiguous dataset at the end
-    (so readers can memory-map it): the exact size is known only once every input is decoded (skipped
-    inputs and aspect ratios), and a contiguous HDF5 dataset cannot grow or shrink."""
+class _Spool:
+    """Rows (encoded bytes, or raw HWC pixels), appended to a scratch file as they come and copied into one
+    contiguous dataset at the end, so readers can memory-map it: the exact size is known only once every
+    input is decoded (skipped inputs, aspect ratios, encoded sizes), and a contiguous HDF5 dataset cannot
+    grow or shrink."""
 
     def __init__(self, path: str):
         self.path = path
-        self.shapes: list[tuple[int, int, int]] = []
+        self.shapes: list[tuple[int, ...]] = []
         self._file = open(path, "wb")  # noqa: SIM115 - closed in write_to() / remove()
 
     def extend(self, arrays) -> None:
@@ -192,22 +185,24 @@ class _PixelSpool:
             self._file.write(memoryview(np.ascontiguousarray(array)).cast("B"))
             self.shapes.append(tuple(int(d) for d in array.shape))
 
-    def write_to(self, f: h5py.File, fixed: bool, block: int = 64 << 20) -> None:
-        """``images``: (N, S, S, 3) for fixed-size rows; else one flat uint8 array of every row's HWC
-        pixels, with ``shapes`` (N, 3) and ``offsets`` (N + 1) to find row i (layout ``ragged-hwc``)."""
+    def write_to(self, f: h5py.File, layout: str, block: int = 64 << 20) -> None:
+        """``images`` in ``layout``: ``hwc``, fixed-size raw rows (N, S, S, 3); else one flat uint8 array of
+        every row's bytes with ``offsets`` (N + 1) to find row i, and for raw pixels (``ragged-hwc``) their
+        ``shapes`` (N, 3); encoded rows (``ragged-bytes``) are whole files."""
         self._file.close()
-        shapes = np.asarray(self.shapes, dtype=np.int64).reshape(-1, 3)
-        offsets = np.concatenate([[0], np.cumsum(shapes.prod(axis=1))]).astype(np.int64)
-        if fixed:
-            row_shape = tuple(shapes[0]) if len(shapes) else (1, 1, 3)
-            images = f.create_dataset("images", shape=(len(shapes), *row_shape), dtype=np.uint8)
-            images.attrs["layout"] = "hwc"
+        sizes = np.asarray([int(np.prod(shape)) for shape in self.shapes], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        if layout == "hwc":
+            row_shape = self.shapes[0] if self.shapes else (1, 1, 3)
+            images = f.create_dataset("images", shape=(len(sizes), *row_shape), dtype=np.uint8)
         else:
             row_shape = ()
             images = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
-            images.attrs["layout"] = RAGGED
-            f.create_dataset("shapes", data=shapes.astype(np.int32))
             f.create_dataset("offsets", data=offsets)
+            if layout == RAGGED:
+                shapes = np.asarray(self.shapes, dtype=np.int32).reshape(-1, 3)
+                f.create_dataset("shapes", data=shapes)
+        images.attrs["layout"] = layout
         row = int(np.prod(row_shape))  # bytes per dataset row: a block holds whole rows
         rows = max(1, block // row)
         with open(self.path, "rb") as spool:
@@ -219,13 +214,3 @@ class _PixelSpool:
         self._file.close()
         if os.path.exists(self.path):
             os.remove(self.path)
-
-
-def _encoded_images(f: h5py.File, n: int, chunk: int):
-    return f.create_dataset(
-        "images",
-        shape=(n,),
-        maxshape=(None,),
-        dtype=h5py.vlen_dtype(np.uint8),
-        chunks=(min(chunk, max(n, 1)),),
-    )
