@@ -11,6 +11,7 @@ on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 ->
 from __future__ import annotations
 
 import lightning as L
+from lightning.pytorch.accelerators import CUDAAccelerator
 
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.resume import batch_seed
@@ -32,3 +33,10 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
             seed = batch_seed(self.run_seed(), self.position.epoch, self.position.batches, self._world()[1])
             self.position.batches += 1
         return self.device_batch(batch, training, seed=seed) if isinstance(batch, Batch) else batch
+
+    def _world(self) -> tuple[int, int, int, bool]:
+        trainer = self.trainer
+        if trainer is None:
+            return super()._world()
+        on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
+        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices), on_gpu

@@ -299,15 +299,10 @@ class ImageLoaders:
     def _format(self, image: torch.Tensor) -> torch.Tensor:
         return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image
 
-    # -- knobs resolved against the trainer -------------------------------------------------------
+    # -- knobs resolved against the world -------------------------------------------------------
     def _world(self) -> tuple[int, int, int, bool]:
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0, 1, torch.cuda.is_available()  # a plain loop: pin when a GPU is there to copy to
-        from lightning.pytorch.accelerators import CUDAAccelerator  # under a Trainer: Lightning is loaded
-
-        on_gpu = isinstance(trainer.accelerator, CUDAAccelerator)
-        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices), on_gpu
+        """(world size, rank, devices, on a GPU): a plain loop's; ImageDataModule asks its Trainer."""
+        return 1, 0, 1, torch.cuda.is_available()  # pin when a GPU is there to copy to
 
     def loader_settings(self) -> dict:
         world_size, rank, devices, on_gpu = self._world()

@@ -39,6 +39,11 @@ FORBIDDEN = {
     "feedline.datamodules.options": ("torch", "lightning", "numpy"),
     "feedline.writers.options": ("torch", "lightning", "numpy"),
     "feedline.conf": ("torch", "lightning", "numpy"),
+    # the data layer without Lightning (ImageLoaders): only image.py, ImageDataModule, imports it
+    **{
+        f"feedline.datamodules.{name}": ("lightning",)
+        for name in ("loaders", "samples", "workers", "resume", "knobs", "parts", "bad_samples", "options")
+    },
 }
 
 
