@@ -135,6 +135,8 @@ LOADERS = {
     "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
     "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
 }
+# train.py's start-up anchor (``lightning_anchor``): not a loader row, timed beside train.py
+ANCHOR = "ImageFolder + DataLoader in a Lightning Trainer"
 OURS = {
     "JPEG tree": "feedline folder",
     "256 px": "feedline hdf5 (JPEG at 256 px)",
@@ -282,10 +284,52 @@ def measure_train(data: dict, args) -> dict:
         return {"first_batch_s": json.load(f)["first_batch_s"]}
 
 
+def lightning_anchor(data: dict, args) -> dict:
+    """The start-up anchor for train.py: ImageFolder + DataLoader (the `ImageFolder + PIL` row's loader) fed
+    to a Lightning Trainer with train.py's default model, for one step, without Hydra or train.py's
+    callbacks. Runs in the child; returns when the first batch reached the Trainer, from the process's start."""
+    from feedline.diagnostics.startup import process_start  # standard library only
+
+    started = process_start() or time.time()
+    import functools
+
+    import lightning as L
+
+    from feedline.models.classifier import ImageClassifier
+    from feedline.models.nets import SmallCNN
+
+    class FirstBatch(L.Callback):
+        seconds = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if self.seconds is None:
+                self.seconds = time.time() - started
+
+    loader = imagefolder(data, args)
+    model = ImageClassifier(functools.partial(SmallCNN, width=32), num_classes=len(loader.dataset.classes))
+    clock = FirstBatch()
+    trainer = L.Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+        accelerator="cpu",
+        default_root_dir=os.path.join(args.data_dir, "lightning-anchor"),
+    )
+    trainer.fit(model, loader)
+    return {"first_batch_s": clock.seconds}
+
+
 def measure(name: str, data: dict, args) -> dict:
-    command = ["--child", name, "--data", json.dumps(data), "--workers", str(args.workers)]
-    command += ["--batch-size", str(args.batch_size), "--batches", str(args.batches)]
-    return in_overlay(overlay_of(name), command, what=name)
+    return in_overlay(overlay_of(name), ["--child", name, *child_arguments(data, args)], what=name)
+
+
+def child_arguments(data: dict, args) -> list[str]:
+    command = ["--data", json.dumps(data), "--workers", str(args.workers)]
+    return command + ["--batch-size", str(args.batch_size), "--batches", str(args.batches)]
 
 
 def in_overlay(peer: str | None, arguments: list[str], what: str = "") -> dict:
@@ -377,7 +421,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args)), flush=True)
+        measured = (
+            lightning_anchor(json.loads(args.data), args) if args.child == ANCHOR else child(args.child, args)
+        )
+        print(json.dumps(measured), flush=True)
         # Measured: stop the workers now (left alone, they would go on decoding their prefetched batches
         # beside the next measurement) and end without tearing the loader down (FFCV aborts the interpreter
         # when its threads are still running at exit).
@@ -416,7 +463,14 @@ def main(argv=None) -> dict:
         for name in names:
             runs[name].append(measure(name, data, args))
         if args.train_startup:
-            train_runs.append(measure_train(data, args))
+            train_runs.append(
+                {
+                    "first_batch_s": measure_train(data, args)["first_batch_s"],
+                    "anchor_s": in_overlay(None, ["--child", ANCHOR, *child_arguments(data, args)])[
+                        "first_batch_s"
+                    ],
+                }
+            )
 
     rows = [summarise(name, runs[name]) for name in names]
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
@@ -430,10 +484,14 @@ def main(argv=None) -> dict:
     print_table(rows, missing)
     if train_runs:
         first = statistics.median(r["first_batch_s"] for r in train_runs)
+        anchor = statistics.median(r["anchor_s"] for r in train_runs)
         print(
-            f"\nfeedline train.py (same tree and work, one step): first batch {first:.1f} s after the process started"
+            f"\nFirst batch in a Lightning Trainer (same tree and work, one step), from the process's start: "
+            f"feedline train.py {first:.1f} s; ImageFolder + DataLoader in a plain Lightning script "
+            f"(no Hydra) {anchor:.1f} s"
         )
         rows.append({"loader": "feedline train.py", "format": "JPEG tree", "first_batch_s": first})
+        rows.append({"loader": ANCHOR, "format": "JPEG tree", "first_batch_s": anchor})
     result = {
         "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
         "rows": rows,
