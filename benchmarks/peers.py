@@ -36,9 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer_overlays  # noqa: E402 - standard library only
 from peer_work import crop_and_flip, decode_jpeg, samples  # noqa: E402 - standard library only
 
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # conf/transforms/imagenet.yaml
+
 
 # -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
-def feedline_loader(source, args, lightning: bool = False):
+def feedline_loaders(source, args, lightning: bool = False):
     """feedline's loaders (``ImageLoaders``: no Lightning import; ``lightning``: the ``ImageDataModule`` that
     wraps them) with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
     RandomHorizontalFlip as feedline ships them (the same parameters, draws and pixels, bit for bit)."""
@@ -51,16 +53,28 @@ def feedline_loader(source, args, lightning: bool = False):
         from feedline.datamodules.image import ImageDataModule as Loaders
     else:
         from feedline.datamodules.loaders import ImageLoaders as Loaders
-    stacks = TransformStacks(train=[RandomResizedCrop(224, antialias=True), RandomHorizontalFlip()])
-    loaders = Loaders(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
-    return loaders.train_dataloader()
+    train, batch = [RandomResizedCrop(224, antialias=True), RandomHorizontalFlip()], None
+    if lightning:  # on the device, before a model: the preset's float conversion and normalisation
+        import torch
+        from torchvision.transforms import v2
+
+        batch = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    stacks = TransformStacks(train=train, batch=batch)
+    return Loaders(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
+
+
+def feedline_loader(source, args, lightning: bool = False):
+    return feedline_loaders(source, args, lightning).train_dataloader()
 
 
 def feedline_folder(data, args, lightning: bool = False):
+    return feedline_loader(folder_source(data), args, lightning)
+
+
+def folder_source(data):
     from feedline.datasets.folder import FolderSource
 
-    source = FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"])
-    return feedline_loader(source, args, lightning)
+    return FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"])
 
 
 def feedline_datamodule(data, args):
@@ -135,8 +149,11 @@ LOADERS = {
     "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
     "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
 }
-# train.py's start-up anchor (``lightning_anchor``): not a loader row, timed beside train.py
+# start-up in a plain Lightning script (``lightning_script``): not loader rows, timed beside train.py; the
+# first is the anchor for train.py and for the datamodule in a user's own Lightning project
 ANCHOR = "ImageFolder + DataLoader in a Lightning Trainer"
+IN_LIGHTNING = "feedline ImageDataModule in a Lightning Trainer"
+SCRIPTS = {ANCHOR: False, IN_LIGHTNING: True}
 OURS = {
     "JPEG tree": "feedline folder",
     "256 px": "feedline hdf5 (JPEG at 256 px)",
@@ -284,10 +301,12 @@ def measure_train(data: dict, args) -> dict:
         return {"first_batch_s": json.load(f)["first_batch_s"]}
 
 
-def lightning_anchor(data: dict, args) -> dict:
-    """The start-up anchor for train.py: ImageFolder + DataLoader (the `ImageFolder + PIL` row's loader) fed
-    to a Lightning Trainer with train.py's default model, for one step, without Hydra or train.py's
-    callbacks. Runs in the child; returns when the first batch reached the Trainer, from the process's start."""
+def lightning_script(data: dict, args, feedline: bool = False) -> dict:
+    """One optimizer step of train.py's default model in a plain Lightning script (no Hydra, no callbacks of
+    train.py's), fed by ImageFolder + DataLoader (the `ImageFolder + PIL` row's loader: train.py's start-up
+    anchor) or, with ``feedline``, by feedline's ``ImageDataModule`` on the same work, as a user's own
+    Lightning project would use it. Runs in the child; returns when the first batch reached the Trainer,
+    from the process's start."""
     from feedline.diagnostics.startup import process_start  # standard library only
 
     started = process_start() or time.time()
@@ -305,8 +324,13 @@ def lightning_anchor(data: dict, args) -> dict:
             if self.seconds is None:
                 self.seconds = time.time() - started
 
-    loader = imagefolder(data, args)
-    model = ImageClassifier(functools.partial(SmallCNN, width=32), num_classes=len(loader.dataset.classes))
+    if feedline:
+        datamodule = feedline_loaders(folder_source(data), args, lightning=True)
+        loader, classes = None, datamodule.num_classes
+    else:
+        datamodule, loader = None, imagefolder(data, args)
+        classes = len(loader.dataset.classes)
+    model = ImageClassifier(functools.partial(SmallCNN, width=32), num_classes=classes)
     clock = FirstBatch()
     trainer = L.Trainer(
         max_steps=1,
@@ -317,9 +341,9 @@ def lightning_anchor(data: dict, args) -> dict:
         enable_model_summary=False,
         callbacks=[clock],
         accelerator="cpu",
-        default_root_dir=os.path.join(args.data_dir, "lightning-anchor"),
+        default_root_dir=os.path.join(args.data_dir, "lightning-script"),
     )
-    trainer.fit(model, loader)
+    trainer.fit(model, train_dataloaders=loader, datamodule=datamodule)
     return {"first_batch_s": clock.seconds}
 
 
@@ -422,7 +446,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.child:
         measured = (
-            lightning_anchor(json.loads(args.data), args) if args.child == ANCHOR else child(args.child, args)
+            lightning_script(json.loads(args.data), args, SCRIPTS[args.child])
+            if args.child in SCRIPTS
+            else child(args.child, args)
         )
         print(json.dumps(measured), flush=True)
         # Measured: stop the workers now (left alone, they would go on decoding their prefetched batches
@@ -463,14 +489,11 @@ def main(argv=None) -> dict:
         for name in names:
             runs[name].append(measure(name, data, args))
         if args.train_startup:
-            train_runs.append(
-                {
-                    "first_batch_s": measure_train(data, args)["first_batch_s"],
-                    "anchor_s": in_overlay(None, ["--child", ANCHOR, *child_arguments(data, args)])[
-                        "first_batch_s"
-                    ],
-                }
-            )
+            startup = {"feedline train.py": measure_train(data, args)["first_batch_s"]}
+            for script in SCRIPTS:  # alternating with train.py, each in a fresh process
+                measured = in_overlay(None, ["--child", script, *child_arguments(data, args)])
+                startup[script] = measured["first_batch_s"]
+            train_runs.append(startup)
 
     rows = [summarise(name, runs[name]) for name in names]
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
@@ -483,15 +506,15 @@ def main(argv=None) -> dict:
     print(f"median of {args.rounds} fresh-process runs; versions: {versions()}\n")
     print_table(rows, missing)
     if train_runs:
-        first = statistics.median(r["first_batch_s"] for r in train_runs)
-        anchor = statistics.median(r["anchor_s"] for r in train_runs)
         print(
-            f"\nFirst batch in a Lightning Trainer (same tree and work, one step), from the process's start: "
-            f"feedline train.py {first:.1f} s; ImageFolder + DataLoader in a plain Lightning script "
-            f"(no Hydra) {anchor:.1f} s"
+            "\nFirst batch in a Lightning Trainer (same tree, work and model, one step), from the process's "
+            "start, median (min-max):"
         )
-        rows.append({"loader": "feedline train.py", "format": "JPEG tree", "first_batch_s": first})
-        rows.append({"loader": ANCHOR, "format": "JPEG tree", "first_batch_s": anchor})
+        for name in train_runs[0]:
+            seconds = [r[name] for r in train_runs]
+            first = statistics.median(seconds)
+            print(f"  {name}: {first:.2f} s ({min(seconds):.2f}-{max(seconds):.2f})")
+            rows.append({"loader": name, "format": "JPEG tree", "first_batch_s": first})
     result = {
         "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
         "rows": rows,

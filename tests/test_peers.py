@@ -38,9 +38,12 @@ def test_the_peer_benchmark_measures_every_installed_loader_against_feedline(tmp
     result = peers.main(args)
     measured = {row["loader"]: row for row in result["rows"]}
     expected = {n for n, (_, requirement, _) in peers.LOADERS.items() if peers.installed(requirement)}
-    assert set(measured) == expected | {"feedline train.py", peers.ANCHOR}
+    assert set(measured) == expected | {"feedline train.py", *peers.SCRIPTS}
     assert measured.pop("feedline train.py")["first_batch_s"] > 0  # read from train.py's own summary
-    assert measured.pop(peers.ANCHOR)["first_batch_s"] > 0  # the same step, ImageFolder in a Trainer
+    for (
+        script
+    ) in peers.SCRIPTS:  # the same step in a plain Lightning script: ImageFolder, feedline's datamodule
+        assert measured.pop(script)["first_batch_s"] > 0, script
     for name, row in measured.items():  # tiny runs: CPU time can round to 0 at psutil's 10 ms resolution
         assert row["cpu_ms"] >= 0 and row["images_per_s"] > 0, name
         assert 0 < row["ready_s"] <= row["first_batch_s"] <= row["third_batch_s"], name  # from process start
