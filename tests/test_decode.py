@@ -47,6 +47,26 @@ def test_decodes_to_three_channel_uint8(case):
     assert out.dtype == torch.uint8 and out.shape == (3, 10, 14)
 
 
+TORCHVISION_READS = [case for case in CASES if "PIL" not in case and case != "png-16bit"]
+
+
+@pytest.mark.parametrize("case", TORCHVISION_READS)
+def test_formats_torchvision_reads_decode_as_its_public_function(case):
+    from torchvision.io import ImageReadMode, decode_image
+
+    data = _encode(*CASES[case])
+    expected = decode_image(torch.from_numpy(data), mode=ImageReadMode.RGB)
+    assert torch.equal(decode(data), expected)
+
+
+@pytest.mark.parametrize("form", [bytes, bytearray, memoryview, np.asarray, torch.from_numpy])
+def test_every_payload_form_decodes_alike(form):
+    data = _encode(RGB, "JPEG")
+    assert torch.equal(
+        decode(form(data.tobytes()) if form in (bytes, bytearray) else form(data)), decode(data)
+    )
+
+
 def test_sixteen_bit_is_scaled_not_clipped():
     for fmt in ("PNG", "TIFF"):
         out = decode(_encode(GRAY16, fmt))
