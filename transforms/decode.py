@@ -23,7 +23,7 @@ from feedline.transforms.reduce import reduction
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
 # torchvision.io's decoder as its registered op. The public ``decode_image`` wraps it with per-call usage
-# logging, the deprecation warning and a library check, about 20 us a sample (a tenth of a 256 px JPEG's
+# logging, the deprecation warning and a library check, about 30 us a sample (a tenth of a 256 px JPEG's
 # decode); the op gives the same tensor. Where a torchvision build lacks it, the public function is used.
 try:
     _DECODE_OP = torch.ops.image.decode_image
