@@ -20,6 +20,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.datasets.scan import available_cpus
+from feedline.diagnostics.anchor import anchor_root, imagefolder_loader
+from feedline.diagnostics.drawing import draw_bench
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.report import print_report
 from feedline.diagnostics.results import write_json
@@ -104,6 +106,17 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
             }
             workers = recommend_workers(sweep)
         loader = run(workers, int(options.batches), f"measuring with num_workers={workers}")
+        anchor = None
+        if options.anchor:
+            task = progress.add_task("torchvision ImageFolder (the anchor)", total=int(options.batches))
+            anchor_loader = imagefolder_loader(
+                anchor_root(datamodule.source), datamodule.transforms.train, batch_size, workers
+            )
+            anchor = measure_loader(
+                anchor_loader, int(options.batches), options.seconds, int(options.warmup),
+                lambda n: progress.advance(task, n),
+            )
+            anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
 
     result = {
         "pipeline": f"{_choices(cfg)}, {len(dataset)} samples, batch {batch_size}",
@@ -114,6 +127,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         "mb_per_s": loader["samples_per_s"] * breakdown["payload_bytes"] / 1e6,
         "breakdown": breakdown,
         "sweep": sweep,
+        "anchor": anchor,
         "recommended_workers": recommend_workers(sweep) if sweep else None,
         "verdict": diagnose(breakdown, loader["samples_per_s"], workers, cpus, sweep),
     }
@@ -122,11 +136,14 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     if show:
         print_report(result)
     write_json(options.json_path, result)
+    if options.plot_path:
+        draw_bench(result, options.plot_path)
     log.info(
-        "bench: %.1f samples/s, %s; written to %s",
+        "bench: %.1f samples/s, %s; written to %s%s",
         loader["samples_per_s"],
         result["verdict"]["verdict"],
         options.json_path,
+        f", drawn in {options.plot_path}" if options.plot_path else "",
     )
     return result
 

@@ -6,6 +6,9 @@ from rich.console import Console
 from rich.table import Table
 
 
+STAGE_NAMES = {"crop": "crop (done in collate)"}
+
+
 def print_report(result: dict, console: Console | None = None) -> None:
     if console is None:
         console = Console()
@@ -38,8 +41,9 @@ def print_report(result: dict, console: Console | None = None) -> None:
     table = Table()
     for column in ("stage", "ms/sample", "share"):
         table.add_column(column, justify="right" if column != "stage" else "left")
-    for stage, seconds in stages["per_sample_s"].items():
-        table.add_row(stage, f"{seconds * 1e3:.3f}", f"{stages['share'][stage]:.0%}")
+    for stage in stages["stages_run"]:
+        seconds = stages["per_sample_s"][stage]
+        table.add_row(STAGE_NAMES.get(stage, stage), f"{seconds * 1e3:.3f}", f"{stages['share'][stage]:.0%}")
     table.add_row("sum of stages", f"{stages['stages_sum_s'] * 1e3:.3f}", "")
     table.add_row("end to end", f"{stages['end_to_end_s'] * 1e3:.3f}", "")
     console.print(table)

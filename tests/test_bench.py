@@ -50,7 +50,7 @@ def run(make_cfg, tmp_path, *overrides):
 def test_breakdown_sums_to_the_total(make_cfg, tmp_path):
     result = run(make_cfg, tmp_path, SLEEP)
     stages = result["breakdown"]
-    assert set(stages["per_sample_s"]) == {"read", "decode", "transform", "collate", "ipc"}
+    assert set(stages["per_sample_s"]) == {"read", "decode", "transform", "crop", "collate", "ipc"}
     assert "ipc" not in stages["stages_run"]  # data.num_workers=0: nothing crosses processes
     assert stages["per_sample_s"]["transform"] == pytest.approx(0.008)
     assert stages["stages_sum_s"] == pytest.approx(stages["end_to_end_s"])
