@@ -113,7 +113,10 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
                 anchor_root(datamodule.source), datamodule.transforms.train, batch_size, workers
             )
             anchor = measure_loader(
-                anchor_loader, int(options.batches), options.seconds, int(options.warmup),
+                anchor_loader,
+                int(options.batches),
+                options.seconds,
+                int(options.warmup),
                 lambda n: progress.advance(task, n),
             )
             anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])

@@ -67,7 +67,9 @@ def scaling_chart(result: dict, path: str) -> str:
     ax.set_xlabel("workers")
     ax.set_ylabel("images/s")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"worker scaling on {result.get('cores', '?')} cores (dotted: linear from 1 worker)", fontsize=9)
+    ax.set_title(
+        f"worker scaling on {result.get('cores', '?')} cores (dotted: linear from 1 worker)", fontsize=9
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(figure, path)

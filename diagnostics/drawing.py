@@ -75,8 +75,13 @@ def _throughput(ax, result: dict) -> None:
         ax.set_xlabel("data.num_workers")
     if anchor:
         ax.plot(
-            [anchor["workers"]], [anchor["samples_per_s"]], "s", color=ANCHOR, markersize=8,
-            label=f"ImageFolder ({anchor['ratio']:.2f}x slower)" if anchor["ratio"] >= 1
+            [anchor["workers"]],
+            [anchor["samples_per_s"]],
+            "s",
+            color=ANCHOR,
+            markersize=8,
+            label=f"ImageFolder ({anchor['ratio']:.2f}x slower)"
+            if anchor["ratio"] >= 1
             else f"ImageFolder ({1 / anchor['ratio']:.2f}x faster)",
         )
     ax.set_ylim(bottom=0)

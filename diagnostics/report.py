@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-
 STAGE_NAMES = {"crop": "crop (done in collate)"}
 
 

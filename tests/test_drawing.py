@@ -15,7 +15,13 @@ from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 
 FEEDLINE_RGB = (0x1F, 0x6F, 0xEB)  # the colour feedline's bars and lines are drawn in
-QUICK = ["bench.batches=3", "bench.warmup=1", "bench.sample_items=12", "data.batch_size=4", "data.num_workers=0"]
+QUICK = [
+    "bench.batches=3",
+    "bench.warmup=1",
+    "bench.sample_items=12",
+    "data.batch_size=4",
+    "data.num_workers=0",
+]
 SLEEP = "transforms.train=[{_target_: tests.sleepy.Sleep, seconds: 0.008}]"
 
 
@@ -60,7 +66,9 @@ def test_bench_times_imagefolder_beside_feedline_when_asked(make_cfg, tmp_path):
     anchor = result["anchor"]
     assert anchor["batches"] == 3 and anchor["samples_per_s"] > 0
     assert anchor["ratio"] == pytest.approx(result["loader"]["samples_per_s"] / anchor["samples_per_s"])
-    assert json.loads((tmp_path / "bench.json").read_text())["anchor"]["ratio"] == pytest.approx(anchor["ratio"])
+    assert json.loads((tmp_path / "bench.json").read_text())["anchor"]["ratio"] == pytest.approx(
+        anchor["ratio"]
+    )
     assert_drawn(tmp_path / "bench.png")
 
 
@@ -72,7 +80,9 @@ def test_the_anchor_needs_class_folders(make_cfg, tmp_path):
         f["images"] = np.zeros((16, 8, 8, 3), dtype=np.uint8)
         f["labels"] = np.arange(16) % 2
     with pytest.raises(ValueError, match="bench.anchor"):
-        bench_run(make_cfg, tmp_path, "bench.anchor=true", SLEEP, source=["source=hdf5", f"source.path={path}"])
+        bench_run(
+            make_cfg, tmp_path, "bench.anchor=true", SLEEP, source=["source=hdf5", f"source.path={path}"]
+        )
 
 
 def test_a_crop_done_in_the_collate_is_its_own_stage(make_cfg, tmp_path, monkeypatch):
@@ -102,7 +112,10 @@ def test_without_a_deferred_crop_there_is_no_crop_stage(make_cfg, tmp_path):
 def test_the_readme_charts_are_drawn_from_the_benchmarks_json(tmp_path):
     done = subprocess.run(
         [sys.executable, "benchmarks/charts.py", "--out", str(tmp_path)],
-        cwd=ROOT_DIR, capture_output=True, text=True, timeout=300,
+        cwd=ROOT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     for name in ("peers", "scaling"):
