@@ -1,5 +1,5 @@
-"""ThroughputMonitor: training samples per second, and how long after the process started the first batch
-came, as the run's summary reports them."""
+"""ThroughputMonitor: training samples per second, and how long after the process (or, in a sweep, the job)
+started the first batch came, as the run's summary reports them."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ class ThroughputMonitor(L.Callback):
         self.samples = 0
         self.seconds = 0.0
         self._last = None
-        self.first_batch_s: float | None = None  # seconds from the process's start to the first batch
+        self.first_batch_s: float | None = None  # seconds from ``started`` to the first batch
+        # When the clock starts (time.time()): the process's start unless set; train.py sets a sweep job's
+        # own start, as the jobs of a sweep run one after another in one process.
+        self.started: float | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.first_batch_s is None:
-            started = process_start()
+            started = self.started if self.started is not None else process_start()
             self.first_batch_s = time.time() - started if started is not None else None
 
     def on_train_epoch_start(self, trainer, pl_module):

@@ -8,7 +8,9 @@ name the key, the value and what it takes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import difflib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 
 PRECISIONS = (
     "64",
@@ -97,9 +99,33 @@ CHECKS: dict[str, Callable[[object], str | None]] = {
 }
 
 
-def check_trainer_keys(trainer: Mapping) -> None:
-    """Raise ValueError naming every common ``trainer.*`` key whose value Lightning would reject late."""
+def trainer_arguments(trainer: Mapping) -> list[str] | None:
+    """The argument names of ``trainer._target_``, or None when it takes any (``**kwargs``) or cannot be
+    imported (instantiating it names that problem)."""
+    from hydra.utils import get_class
+
+    try:
+        parameters = inspect.signature(get_class(str(trainer["_target_"]))).parameters.values()
+    except Exception:  # noqa: BLE001 - an unimportable target is reported where it is built
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.name != "self"]
+
+
+def check_trainer_keys(trainer: Mapping, accepted: Iterable[str] | None = None) -> None:
+    """Raise ValueError naming every common ``trainer.*`` key whose value Lightning would reject late, and
+    every key the trainer does not take (``accepted``), with the closest it does take."""
     problems = []
+    if accepted is not None:
+        accepted = list(accepted)
+        for key in trainer:
+            if key != "_target_" and key not in accepted:
+                close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.75)
+                hint = (
+                    f"; did you mean trainer.{close[0]}?" if close else " (see Lightning's Trainer arguments)"
+                )
+                problems.append(f"trainer.{key} is not an argument of {trainer.get('_target_')}{hint}")
     for key, check in CHECKS.items():
         if key in trainer:
             expected = check(trainer[key])
