@@ -124,3 +124,25 @@ def test_a_bomb_in_a_tree_is_a_bad_sample(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         image, label = SampleDataset(records)[1]
     assert "a/1.png" in caplog.text and "pixels" in caplog.text and image.shape[1:] == (10, 12)
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (lambda jpeg, png: jpeg[:300], "a corrupt or truncated JPEG file (image is incomplete or truncated)"),
+        (lambda jpeg, png: png[:200], "a corrupt or truncated PNG file"),
+        (lambda jpeg, png: b"plain text, not an image", "not an image: its first bytes match no format"),
+    ],
+)
+def test_a_bad_payload_is_named_in_words_without_decoder_internals(payload, expected):
+    pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    encoded = {}
+    for fmt in ("JPEG", "PNG"):
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, fmt)
+        encoded[fmt] = buffer.getvalue()
+    with pytest.raises(DecodeError) as caught:
+        decode(np.frombuffer(bytearray(payload(encoded["JPEG"], encoded["PNG"])), dtype=np.uint8))
+    message = str(caught.value)
+    assert message.startswith(expected)
+    assert ".cpp" not in message and " at 0x" not in message and "BytesIO" not in message

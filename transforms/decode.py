@@ -8,6 +8,7 @@ grayscale and palette are expanded, alpha dropped, CMYK converted, 16-bit scaled
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 
@@ -21,6 +22,11 @@ from feedline.transforms.reduce import reduction
 # torchvision 0.29 marks its decoders deprecated in favour of TorchCodec and warns on every call; they
 # remain the fastest image decoders installed with torchvision, so feedline keeps them quiet.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
+# Payloads read from memory maps or ``bytes`` are read-only; the decoders only read them, so torch's notice
+# that it cannot guard writes to such an array is noise (once per worker). Narrowed to this module's calls.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
+)
 
 # torchvision.io's decoder as its registered op. The public ``decode_image`` wraps it with per-call usage
 # logging, the deprecation warning and a library check, about 30 us a sample (a tenth of a 256 px JPEG's
@@ -95,10 +101,40 @@ def decode(payload, floor=None, max_pixels: int | None = None) -> torch.Tensor:
     except DecodeError:
         raise
     except Exception as err:  # decoders raise RuntimeError / OSError / ValueError / ...
-        raise DecodeError(f"cannot decode image: {err}".splitlines()[0]) from err
+        raise DecodeError(failure(err, head)) from err
     if image.dtype != torch.uint8:
         image = to_dtype(image, torch.uint8, scale=True)
     return image
+
+
+_FORMATS = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG", "PNG"),
+    (b"GIF8", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    *((b"P%d" % n, "PPM/PGM") for n in range(1, 7)),
+)
+# What a decoder's message carries that says nothing to a user: its source file and line, its function,
+# and the address of the in-memory file it read.
+_INTERNALS = re.compile(
+    r"\b\w+(\(\))?, \S+\.(?:cpp|cc|c|h):\d+, |<[^>]* at 0x[0-9a-f]+>|\s*Exception raised from.*"
+)
+
+
+def failure(err: Exception, head: bytes) -> str:
+    """Why a payload did not decode, in words: the format its first bytes claim and the decoder's reason,
+    without the decoder's internals (source paths, object addresses)."""
+    kind = next((name for magic, name in _FORMATS if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "WebP"
+    reason = _INTERNALS.sub("", str(err).splitlines()[0] if str(err) else "").strip(" .:,")
+    if kind is None:
+        return "not an image: its first bytes match no format feedline reads (JPEG, PNG, GIF, WebP, BMP, TIFF, PPM)"
+    if not reason or reason.startswith("cannot identify image file"):
+        return f"a corrupt {kind} file"
+    return f"a corrupt or truncated {kind} file ({reason[0].lower()}{reason[1:]})"
 
 
 def _decode_torchvision(data: torch.Tensor) -> torch.Tensor:
