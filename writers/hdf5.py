@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 import torch
-from torchvision.io import encode_jpeg
+from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
@@ -80,9 +80,20 @@ def _prepare(i: int):
         elif _options.max_side:
             image = _shrink(image, int(_options.max_side))
         return image.permute(1, 2, 0).contiguous().numpy(), label, None
+    data = _encoded_bytes(payload)
     if _options.max_side and max(image.shape[-2:]) > int(_options.max_side):
-        payload = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
-    return np.asarray(payload, dtype=np.uint8), label, None
+        data = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
+    elif data is None:  # raw pixels (a raw HDF5 file, an array source): an encoded row must be a file
+        data = encode_png(image.contiguous()).numpy()  # lossless: the same pixels decode back
+    return data, label, None
+
+
+def _encoded_bytes(payload) -> np.ndarray | None:
+    """The payload as a 1-D uint8 array when it is an encoded file's bytes; None when it is pixels."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return np.frombuffer(payload, dtype=np.uint8)
+    array = np.asarray(payload)
+    return array if array.ndim == 1 and array.dtype == np.uint8 else None
 
 
 def _prepare_chunk(indices: range) -> list:
