@@ -24,6 +24,8 @@ import logging
 import h5py
 import numpy as np
 
+from feedline.datasets.hdf5_files import identity, open_hdf5
+
 FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
 RAGGED = "ragged-hwc"  # raw whole images of varying size, one flat pixel array (see above)
@@ -31,18 +33,6 @@ RAGGED_BYTES = "ragged-bytes"  # encoded images, one flat byte array (see above)
 SCALES = {"uint8": 255.0, "float32": 1.0, "float16": 1.0, "float64": 1.0}
 
 log = logging.getLogger(__name__)
-
-
-def open_hdf5(path: str, key: str = "source.path") -> h5py.File:
-    try:
-        return h5py.File(path, "r")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{key} '{path}' does not exist (set {key}=... or check the path)") from None
-    except OSError as err:
-        raise OSError(
-            f"{key} '{path}' cannot be read as HDF5 ({str(err).splitlines()[0]}): the file may be truncated "
-            f"or still being written; convert it again with convert.py"
-        ) from None
 
 
 def _mappable(dataset) -> tuple | None:
@@ -84,6 +74,8 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
             "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
             "n": len(labels),
             "mapped": _mappable(images) if not vlen else None,
+            "key": key,
+            "identity": identity(f.id.get_vfd_handle()),  # every later open checks it is still this file
         }
     return info
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import feedline.datasets.index as index_module
@@ -93,6 +94,97 @@ convert(Slow(), ["a"], HDF5WriteOptions(path={str(tmp_path / "out.h5")!r}, worke
     for proc in alive:
         proc.kill()
     assert not alive, f"{len(alive)} conversion worker(s) outlived their parent"
+
+
+# -- a file replaced or written while a run reads it ------------------------------------------------
+def _converted(tmp_path, out, per_class, mode="encoded"):
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.options import HDF5WriteOptions
+
+    tree = make_tree(
+        tmp_path / f"t{per_class}", {c: [f"{i}.png" for i in range(per_class)] for c in ("a", "b")}
+    )
+    options = HDF5WriteOptions(path=str(out), mode=mode, max_side=8 if mode == "raw" else None, workers=1)
+    return convert_source(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "cache"), options)
+
+
+@pytest.mark.parametrize("mode", ["encoded", "raw"])
+def test_a_file_replaced_while_a_run_reads_it_stops_the_run_naming_it(tmp_path, mode):
+    """convert.py renames its new file over the old: a process that opens the file after that (a new
+    epoch's workers, trainer.test after fit) stops, naming the file, rather than read the new file's rows
+    under the labels and offsets of the old one. A process that had it open reads the old file whole."""
+    import pickle
+
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+
+    out = tmp_path / "out.h5"
+    _converted(tmp_path, out, 3, mode)
+    source = HDF5Source(out, val_fraction=0, cache_dir=tmp_path / "cache")
+    source.prepare()
+    records = source.split("train")
+    before = [(bytes(np.asarray(p)), label) for p, label in (records[i] for i in range(len(records)))]
+    _converted(tmp_path, out, 5, mode)  # another conversion to the same out.path, 10 images now
+    assert [(bytes(np.asarray(p)), label) for p, label in (records[i] for i in range(6))] == before
+    worker = pickle.loads(pickle.dumps(records))  # what a DataLoader worker opens
+    with pytest.raises(HDF5FileError, match=r"source\.path '.*out\.h5' was replaced .*Restart the run"):
+        worker[0]
+    with pytest.raises(HDF5FileError, match=r"source\.path '.*out\.h5' was replaced"):
+        source.split("train")
+
+
+def test_workers_of_a_new_epoch_stop_on_a_replaced_file(tmp_path):
+    import torch
+
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+    from feedline.transforms.collate import Uint8Collate
+
+    out = tmp_path / "out.h5"
+    _converted(tmp_path, out, 3)
+    records = HDF5Source(out, val_fraction=0, cache_dir=tmp_path / "cache").split("train")
+    loader = torch.utils.data.DataLoader(
+        SampleDataset(records),
+        batch_size=2,
+        num_workers=1,
+        collate_fn=Uint8Collate(),
+        persistent_workers=False,
+    )
+    assert sum(len(batch.label) for batch in loader) == 6
+    _converted(tmp_path, out, 5)
+    with pytest.raises(HDF5FileError, match=r"out\.h5' was replaced"):
+        list(loader)
+
+
+def test_a_file_locked_by_its_writer_is_named_as_such(tmp_path):
+    import h5py
+
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+
+    path = tmp_path / "foreign.h5"
+    with h5py.File(path, "w") as f:
+        f["images"], f["labels"] = np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2, np.int64)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import h5py, time; f = h5py.File({str(path)!r}, 'a'); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        writer.stdout.readline()
+        with pytest.raises(
+            HDF5FileError, match=r"foreign\.h5' is locked: another program has it open for writing"
+        ) as err:
+            HDF5Source(path)
+        assert "convert.py" not in str(err.value) and "HDF5_USE_FILE_LOCKING" in str(err.value)
+    finally:
+        writer.kill()
+        writer.wait()
 
 
 def test_prefetch_factor_zero_names_the_key(make_cfg, tree):
