@@ -187,6 +187,104 @@ def test_a_file_locked_by_its_writer_is_named_as_such(tmp_path):
         writer.wait()
 
 
+# -- two writers of one output ----------------------------------------------------------------------
+def test_a_second_conversion_to_the_same_path_is_refused_and_leaves_the_first_whole(tmp_path):
+    """The second run refuses before it touches anything, naming the first; the first finishes."""
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.transforms.decode import decode
+    from feedline.writers.hdf5 import convert
+    from feedline.writers.lock import OutputBusyError
+    from feedline.writers.options import HDF5WriteOptions
+
+    tree = simple_tree(tmp_path / "t", classes=("a", "b"), per_class=4)
+    out = tmp_path / "out.h5"
+    script = f"""
+import time
+from feedline.datasets.folder import FolderSource
+from feedline.writers.hdf5 import convert_source
+from feedline.writers.options import HDF5WriteOptions
+
+class Slow(FolderSource):
+    def split(self, name):
+        return SlowRecords(super().split(name))
+
+class SlowRecords:
+    def __init__(self, inner): self.inner = inner
+    def __len__(self): return len(self.inner)
+    def __getitem__(self, i):
+        time.sleep(0.25)
+        return self.inner[i]
+    def describe(self, i): return self.inner.describe(i)
+
+source = Slow({tree!r}, val_fraction=0, cache_dir={str(tmp_path / "cache")!r})
+convert_source(source, HDF5WriteOptions(path={str(out)!r}, workers=1, chunk=1))
+"""
+    first = subprocess.Popen([sys.executable, "-c", script])
+    spool, partial = tmp_path / "out.h5.partial.spool", tmp_path / "out.h5.partial"
+    deadline = time.time() + 60
+    while not (spool.exists() and partial.exists()) and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OutputBusyError, match=rf"another conversion is writing .*out\.h5 \(pid {first.pid} "):
+        convert([], ["a"], HDF5WriteOptions(path=str(out), workers=1))
+    assert partial.exists() and spool.exists()
+    assert first.wait(60) == 0
+    records = HDF5Source(out, val_fraction=0).split("train")
+    assert [records[i][1] for i in range(8)] == [0] * 4 + [1] * 4
+    assert all(decode(records[i][0]).shape == (3, 10, 12) for i in range(8))  # every row whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out.h5", "t"]  # no lock or scratch left
+
+
+def test_a_lock_left_by_a_killed_conversion_is_taken_over(tmp_path):
+    from feedline.writers.hdf5 import convert
+    from feedline.writers.options import HDF5WriteOptions
+
+    (tmp_path / "out.h5.lock").write_text('{"pid": 999999999, "host": "gone", "since": "yesterday"}')
+    assert convert([], ["a"], HDF5WriteOptions(path=str(tmp_path / "out.h5"), workers=1))["images"] == 0
+    assert not (tmp_path / "out.h5.lock").exists()
+
+
+def test_a_second_layout_into_the_same_dst_is_refused_before_it_touches_it(tmp_path):
+    from feedline.writers.lazy_layout import layout
+    from feedline.writers.lock import OutputBusyError, writer_lock
+
+    src, dst = simple_tree(tmp_path / "src"), tmp_path / "dst"
+    with writer_lock(str(dst), "layout", "DST"):  # another process's layout, as far as flock can tell
+        with pytest.raises(OutputBusyError, match=rf"another layout is writing .*dst \(pid {os.getpid()} "):
+            layout(src, str(dst))
+        assert not dst.exists()
+    assert "laid out 18 files" in layout(src, str(dst))
+
+
+def test_a_source_converted_on_first_use_waits_for_another_node_converting_it(tmp_path, monkeypatch):
+    """prepare() on several nodes at once: one converts, the others wait and read its file."""
+    import threading
+
+    import feedline.writers.hdf5 as hdf5_write
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.derived import ConvertedHDF5Source
+    from feedline.writers.lock import writer_lock
+    from feedline.writers.options import HDF5WriteOptions
+
+    origin = FolderSource(simple_tree(tmp_path / "t"), val_fraction=0)
+    path = tmp_path / "made.h5"
+    held, conversions, convert_source = threading.Event(), [], hdf5_write.convert_source
+
+    def other_node():
+        with writer_lock(str(path), "conversion", "source.path"):
+            held.set()
+            time.sleep(0.5)
+            convert_source(origin, HDF5WriteOptions(path=str(path), workers=1), lock=False)
+
+    thread = threading.Thread(target=other_node)
+    thread.start()
+    held.wait(30)
+    monkeypatch.setattr(hdf5_write, "convert_source", lambda *a, **k: conversions.append(a))
+    source = ConvertedHDF5Source(path, origin, convert_options={"workers": 1}, val_fraction=0)
+    source.prepare()
+    thread.join()
+    assert conversions == [] and len(source.split("train")) == 18
+
+
 def test_prefetch_factor_zero_names_the_key(make_cfg, tree):
     from feedline.cli.instantiate import instantiate
 

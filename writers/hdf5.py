@@ -8,6 +8,7 @@ Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.transforms.decode import DecodeError, decode
+from feedline.writers.lock import writer_lock
 from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
@@ -101,18 +103,34 @@ def _prepare_chunk(indices: range) -> list:
 
 
 # -- writer side ----------------------------------------------------------------------------------------
-def convert_source(source, options: HDF5WriteOptions) -> dict:
+def convert_source(source, options: HDF5WriteOptions, lock: bool = True) -> dict:
     """Prepare ``source`` and write every sample of it (``split("all")``, its val share included) to
-    ``options.path``."""
-    source.prepare()
-    return convert(source.split("all"), source.classes, options, description=repr(source))
+    ``options.path``. ``lock``: take the output's writer lock first (False: the caller holds it)."""
+    with _writing(options, lock) as out_path:
+        source.prepare()
+        return _write(source.split("all"), source.classes, options, out_path, repr(source))
 
 
-def convert(records, classes: list[str], options: HDF5WriteOptions, description: str = "") -> dict:
+def convert(
+    records, classes: list[str], options: HDF5WriteOptions, description: str = "", lock: bool = True
+) -> dict:
     """Write ``records`` to ``options.path``; returns the summary (images, bytes, skipped, seconds)."""
+    with _writing(options, lock) as out_path:
+        return _write(records, classes, options, out_path, description)
+
+
+@contextlib.contextmanager
+def _writing(options: HDF5WriteOptions, lock: bool):
+    """The output's absolute path, its directory made, held by this process alone (``writers/lock.py``):
+    a second conversion to it is refused before it touches the first one's scratch files."""
     options.check()
     out_path = os.path.abspath(os.path.expanduser(str(options.path)))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with writer_lock(out_path, "conversion", "out.path") if lock else contextlib.nullcontext():
+        yield out_path
+
+
+def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str, description: str) -> dict:
     partial = out_path + ".partial"
     report = out_path + ".skipped.tsv"
     n = len(records)
