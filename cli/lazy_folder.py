@@ -11,6 +11,7 @@ import logging
 import sys
 
 from feedline.datasets.lazy_checks import LayoutError, verify_tree
+from feedline.writers.lock import OutputBusyError
 
 
 def main(argv=None) -> int:
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
             print(layout(args.src, args.dst, move=args.move, cache_dir=args.cache_dir))
             return 0
         reports = verify_tree(args.root, args.extension)
-    except (FileNotFoundError, LayoutError) as err:
+    except (FileNotFoundError, LayoutError, OutputBusyError) as err:
         parser.exit(2, f"error: {err}\n")
     bad = [r for r in reports if not r.ok]
     for r in bad:

@@ -1,8 +1,9 @@
 """The ``hdf5`` source: one HDF5 file of images and labels (layouts: ``datasets/hdf5_layout.py``).
 
 Reading with workers: the RecordSet pickles as the path and a few settings; each process opens its own
-handle on first use (a handle inherited through fork is never used), and a batch is read with one
-sorted read (``getitems``). Contiguous, uncompressed array datasets are memory-mapped instead.
+handle on first use (a handle inherited through fork is never used), checked to be the file inspected
+here (``hdf5_files.py``), and a batch is read with one sorted read (``getitems``). Contiguous,
+uncompressed array datasets are memory-mapped instead.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import cache_path, check_array, save_array
-from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file, open_hdf5
+from feedline.datasets.hdf5_files import check_path, map_array, open_hdf5
+from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records, Source
 from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
@@ -35,9 +37,12 @@ class HDF5Records(Records):
         subset=None,
         mapped: tuple | None = None,
         ragged: dict | None = None,
+        key: str = "source.path",
+        identity: tuple | None = None,
     ):
         super().__init__(subset)
-        self.path = path
+        self.path, self.key = path, key
+        self.identity = identity  # the file as inspected: every open checks it is still that file
         self.mapped = mapped  # (offset, shape, dtype) of a contiguous, uncompressed array dataset
         self.ragged = ragged  # whole raw images of varying size: where their shapes and offsets are
         self.images_key = images_key
@@ -60,14 +65,15 @@ class HDF5Records(Records):
         memory-mapped instead: rows come straight from the page cache, shared by every worker, with no
         HDF5 call per read."""
         if self._pid != os.getpid():  # first use in this process (or a fork inherited the parent's)
+            path, key, expected = self.path, self.key, self.identity
             if self.mapped is not None:
-                self._images = _map(self.path, self.mapped, mode="c")
+                self._images = map_array(path, self.mapped, "c", key, expected)
             else:
-                self._images = open_hdf5(self.path)[self.images_key]
+                self._images = open_hdf5(path, key, expected)[self.images_key]
             if self.ragged:
-                with open_hdf5(self.path) as f:
+                with open_hdf5(path, key, expected) as f:
                     index = {
-                        name: _map(self.path, where, mode="r") if where else f[name][:]
+                        name: map_array(path, where, "r", key, expected) if where else f[name][:]
                         for name, where in self.ragged.items()
                     }
                 self._shapes, self._offsets = index.get("shapes"), index["offsets"]
@@ -131,15 +137,6 @@ class HDF5Records(Records):
 
     def where(self, row: int) -> str:
         return f"{self.path}:{self.images_key}[{row}]"
-
-
-def _map(path: str, mapped: tuple, mode: str) -> np.ndarray:
-    """A contiguous dataset as a plain ndarray over the file's pages. Mode "c": copy-on-write pages, so rows
-    are writable views (torch takes them without a copy or a warning) that stay shared page cache unless
-    something writes to them. A plain ndarray view: numpy.memmap's per-row subclass bookkeeping cost more
-    than the read itself."""
-    offset, shape, dtype = mapped
-    return np.memmap(path, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape).view(np.ndarray)
 
 
 class HDF5Source(Source):
@@ -214,8 +211,8 @@ class HDF5Source(Source):
             self._labels(path)
 
     def _cache(self, path: str):
-        st = os.stat(path)
-        key = [path, self.labels_key, st.st_size, st.st_mtime_ns, self._label_map(path)]
+        _, size, mtime_ns = self._files[path]["identity"]  # the file as inspected, not as it may be now
+        key = [path, self.labels_key, size, mtime_ns, self._label_map(path)]
         return cache_path("hdf5", os.path.splitext(os.path.basename(path))[0], key, self.cache_dir)
 
     def _label_map(self, path: str) -> list[int] | None:
@@ -251,7 +248,7 @@ class HDF5Source(Source):
             except (OSError, ValueError) as err:
                 log.warning("label cache %s is damaged (%s); rebuilding it", target, err)
         mapping = self._label_map(path)
-        with open_hdf5(path) as f:
+        with open_hdf5(path, self._files[path]["key"], self._files[path]["identity"]) as f:
             values = check_labels(
                 f[self.labels_key][:],
                 len(mapping) if mapping else classes,
@@ -268,6 +265,7 @@ class HDF5Source(Source):
             raise no_test_split(repr(self), "source.test_path=<an HDF5 file> or source.test_fraction=0.1")
         path = own_file or self.path
         info = self._files[path]
+        check_path(path, info["key"], info["identity"])  # trainer.test after fit: still the file fit read
         labels = LazyArray(self._labels(path))
         subset = None
         if not own_file:
@@ -287,6 +285,8 @@ class HDF5Source(Source):
             subset=subset,
             mapped=info["mapped"],
             ragged=info["ragged"],
+            key=info["key"],
+            identity=info["identity"],
         )
 
     def __repr__(self) -> str:

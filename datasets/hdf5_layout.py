@@ -24,6 +24,8 @@ import logging
 import h5py
 import numpy as np
 
+from feedline.datasets.hdf5_files import identity, open_hdf5
+
 FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
 RAGGED = "ragged-hwc"  # raw whole images of varying size, one flat pixel array (see above)
@@ -31,18 +33,6 @@ RAGGED_BYTES = "ragged-bytes"  # encoded images, one flat byte array (see above)
 SCALES = {"uint8": 255.0, "float32": 1.0, "float16": 1.0, "float64": 1.0}
 
 log = logging.getLogger(__name__)
-
-
-def open_hdf5(path: str, key: str = "source.path") -> h5py.File:
-    try:
-        return h5py.File(path, "r")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{key} '{path}' does not exist (set {key}=... or check the path)") from None
-    except OSError as err:
-        raise OSError(
-            f"{key} '{path}' cannot be read as HDF5 ({str(err).splitlines()[0]}): the file may be truncated "
-            f"or still being written; convert it again with convert.py"
-        ) from None
 
 
 def _mappable(dataset) -> tuple | None:
@@ -67,6 +57,7 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
                     f"{', '.join(f.keys())})"
                 )
         images, labels = f[images_key], f[labels_key]
+        check_label_shape(labels.shape, f"{key} '{path}': labels '{labels_key}'")
         vlen = h5py.check_vlen_dtype(images.dtype) is not None
         packed = images.attrs.get("layout") if not vlen else None
         ragged = packed in (RAGGED, RAGGED_BYTES)
@@ -83,6 +74,8 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
             "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
             "n": len(labels),
             "mapped": _mappable(images) if not vlen else None,
+            "key": key,
+            "identity": identity(f.id.get_vfd_handle()),  # every later open checks it is still this file
         }
     return info
 
@@ -142,8 +135,10 @@ def _read_classes(f: h5py.File, labels, where: str) -> list[str]:
 
 def check_labels(values, num_classes: int | None, where: str) -> np.ndarray:
     """``values`` as int64 class indices, or an error naming ``where``, the first bad value and its row:
-    non-integer labels (0.7), negative ones, and, with ``num_classes``, ones out of range."""
+    non-integer labels (0.7), negative ones, and, with ``num_classes``, ones out of range. Trailing axes of
+    size 1 ((N, 1), PCam's (N, 1, 1, 1)) are dropped."""
     values = np.asarray(values)
+    values = values.reshape(check_label_shape(values.shape, where))
     if values.dtype.kind == "f":
         bad = np.flatnonzero(values != np.floor(values))
         if len(bad):
@@ -169,6 +164,17 @@ def check_labels(values, num_classes: int | None, where: str) -> np.ndarray:
                 f"{bad[0]}): fix the file, or give the class names with source.classes=[...]"
             )
     return values
+
+
+def check_label_shape(shape: tuple, where: str) -> int:
+    """N, when ``shape`` holds one class index per image: (N,), or (N, 1, ...) with every other axis of size
+    1; else an error naming ``where`` and the shape."""
+    if len(shape) == 0 or any(d != 1 for d in shape[1:]):
+        raise ValueError(
+            f"{where} has shape {tuple(shape)}: expected one class index per image, (N,) or (N, 1); set "
+            f"source.labels_key to such a dataset (one-hot or multi-label arrays are not class labels)"
+        )
+    return int(shape[0])
 
 
 SAMPLED_ROWS = 16  # rows read at open to find the value range of float images

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import feedline.datasets.index as index_module
@@ -93,6 +94,195 @@ convert(Slow(), ["a"], HDF5WriteOptions(path={str(tmp_path / "out.h5")!r}, worke
     for proc in alive:
         proc.kill()
     assert not alive, f"{len(alive)} conversion worker(s) outlived their parent"
+
+
+# -- a file replaced or written while a run reads it ------------------------------------------------
+def _converted(tmp_path, out, per_class, mode="encoded"):
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.options import HDF5WriteOptions
+
+    tree = make_tree(
+        tmp_path / f"t{per_class}", {c: [f"{i}.png" for i in range(per_class)] for c in ("a", "b")}
+    )
+    options = HDF5WriteOptions(path=str(out), mode=mode, max_side=8 if mode == "raw" else None, workers=1)
+    return convert_source(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "cache"), options)
+
+
+@pytest.mark.parametrize("mode", ["encoded", "raw"])
+def test_a_file_replaced_while_a_run_reads_it_stops_the_run_naming_it(tmp_path, mode):
+    """convert.py renames its new file over the old: a process that opens the file after that (a new
+    epoch's workers, trainer.test after fit) stops, naming the file, rather than read the new file's rows
+    under the labels and offsets of the old one. A process that had it open reads the old file whole."""
+    import pickle
+
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+
+    out = tmp_path / "out.h5"
+    _converted(tmp_path, out, 3, mode)
+    source = HDF5Source(out, val_fraction=0, cache_dir=tmp_path / "cache")
+    source.prepare()
+    records = source.split("train")
+    before = [(bytes(np.asarray(p)), label) for p, label in (records[i] for i in range(len(records)))]
+    _converted(tmp_path, out, 5, mode)  # another conversion to the same out.path, 10 images now
+    assert [(bytes(np.asarray(p)), label) for p, label in (records[i] for i in range(6))] == before
+    worker = pickle.loads(pickle.dumps(records))  # what a DataLoader worker opens
+    with pytest.raises(HDF5FileError, match=r"source\.path '.*out\.h5' was replaced .*Restart the run"):
+        worker[0]
+    with pytest.raises(HDF5FileError, match=r"source\.path '.*out\.h5' was replaced"):
+        source.split("train")
+
+
+def test_workers_of_a_new_epoch_stop_on_a_replaced_file(tmp_path):
+    import torch
+
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+    from feedline.transforms.collate import Uint8Collate
+
+    out = tmp_path / "out.h5"
+    _converted(tmp_path, out, 3)
+    records = HDF5Source(out, val_fraction=0, cache_dir=tmp_path / "cache").split("train")
+    loader = torch.utils.data.DataLoader(
+        SampleDataset(records),
+        batch_size=2,
+        num_workers=1,
+        collate_fn=Uint8Collate(),
+        persistent_workers=False,
+    )
+    assert sum(len(batch.label) for batch in loader) == 6
+    _converted(tmp_path, out, 5)
+    with pytest.raises(HDF5FileError, match=r"out\.h5' was replaced"):
+        list(loader)
+
+
+def test_a_file_locked_by_its_writer_is_named_as_such(tmp_path):
+    import h5py
+
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5_files import HDF5FileError
+
+    path = tmp_path / "foreign.h5"
+    with h5py.File(path, "w") as f:
+        f["images"], f["labels"] = np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2, np.int64)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import h5py, time; f = h5py.File({str(path)!r}, 'a'); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        writer.stdout.readline()
+        with pytest.raises(
+            HDF5FileError, match=r"foreign\.h5' is locked: another program has it open for writing"
+        ) as err:
+            HDF5Source(path)
+        assert "convert.py" not in str(err.value) and "HDF5_USE_FILE_LOCKING" in str(err.value)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+# -- two writers of one output ----------------------------------------------------------------------
+def test_a_second_conversion_to_the_same_path_is_refused_and_leaves_the_first_whole(tmp_path):
+    """The second run refuses before it touches anything, naming the first; the first finishes."""
+    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.transforms.decode import decode
+    from feedline.writers.hdf5 import convert
+    from feedline.writers.lock import OutputBusyError
+    from feedline.writers.options import HDF5WriteOptions
+
+    tree = simple_tree(tmp_path / "t", classes=("a", "b"), per_class=4)
+    out = tmp_path / "out.h5"
+    script = f"""
+import time
+from feedline.datasets.folder import FolderSource
+from feedline.writers.hdf5 import convert_source
+from feedline.writers.options import HDF5WriteOptions
+
+class Slow(FolderSource):
+    def split(self, name):
+        return SlowRecords(super().split(name))
+
+class SlowRecords:
+    def __init__(self, inner): self.inner = inner
+    def __len__(self): return len(self.inner)
+    def __getitem__(self, i):
+        time.sleep(0.25)
+        return self.inner[i]
+    def describe(self, i): return self.inner.describe(i)
+
+source = Slow({tree!r}, val_fraction=0, cache_dir={str(tmp_path / "cache")!r})
+convert_source(source, HDF5WriteOptions(path={str(out)!r}, workers=1, chunk=1))
+"""
+    first = subprocess.Popen([sys.executable, "-c", script])
+    spool, partial = tmp_path / "out.h5.partial.spool", tmp_path / "out.h5.partial"
+    deadline = time.time() + 60
+    while not (spool.exists() and partial.exists()) and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OutputBusyError, match=rf"another conversion is writing .*out\.h5 \(pid {first.pid} "):
+        convert([], ["a"], HDF5WriteOptions(path=str(out), workers=1))
+    assert partial.exists() and spool.exists()
+    assert first.wait(60) == 0
+    records = HDF5Source(out, val_fraction=0).split("train")
+    assert [records[i][1] for i in range(8)] == [0] * 4 + [1] * 4
+    assert all(decode(records[i][0]).shape == (3, 10, 12) for i in range(8))  # every row whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out.h5", "t"]  # no lock or scratch left
+
+
+def test_a_lock_left_by_a_killed_conversion_is_taken_over(tmp_path):
+    from feedline.writers.hdf5 import convert
+    from feedline.writers.options import HDF5WriteOptions
+
+    (tmp_path / "out.h5.lock").write_text('{"pid": 999999999, "host": "gone", "since": "yesterday"}')
+    assert convert([], ["a"], HDF5WriteOptions(path=str(tmp_path / "out.h5"), workers=1))["images"] == 0
+    assert not (tmp_path / "out.h5.lock").exists()
+
+
+def test_a_second_layout_into_the_same_dst_is_refused_before_it_touches_it(tmp_path):
+    from feedline.writers.lazy_layout import layout
+    from feedline.writers.lock import OutputBusyError, writer_lock
+
+    src, dst = simple_tree(tmp_path / "src"), tmp_path / "dst"
+    with writer_lock(str(dst), "layout", "DST"):  # another process's layout, as far as flock can tell
+        with pytest.raises(OutputBusyError, match=rf"another layout is writing .*dst \(pid {os.getpid()} "):
+            layout(src, str(dst))
+        assert not dst.exists()
+    assert "laid out 18 files" in layout(src, str(dst))
+
+
+def test_a_source_converted_on_first_use_waits_for_another_node_converting_it(tmp_path, monkeypatch):
+    """prepare() on several nodes at once: one converts, the others wait and read its file."""
+    import threading
+
+    import feedline.writers.hdf5 as hdf5_write
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.derived import ConvertedHDF5Source
+    from feedline.writers.lock import writer_lock
+    from feedline.writers.options import HDF5WriteOptions
+
+    origin = FolderSource(simple_tree(tmp_path / "t"), val_fraction=0)
+    path = tmp_path / "made.h5"
+    held, conversions, convert_source = threading.Event(), [], hdf5_write.convert_source
+
+    def other_node():
+        with writer_lock(str(path), "conversion", "source.path"):
+            held.set()
+            time.sleep(0.5)
+            convert_source(origin, HDF5WriteOptions(path=str(path), workers=1), lock=False)
+
+    thread = threading.Thread(target=other_node)
+    thread.start()
+    held.wait(30)
+    monkeypatch.setattr(hdf5_write, "convert_source", lambda *a, **k: conversions.append(a))
+    source = ConvertedHDF5Source(path, origin, convert_options={"workers": 1}, val_fraction=0)
+    source.prepare()
+    thread.join()
+    assert conversions == [] and len(source.split("train")) == 18
 
 
 def test_prefetch_factor_zero_names_the_key(make_cfg, tree):

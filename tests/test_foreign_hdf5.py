@@ -107,3 +107,25 @@ def test_nan_in_float_images_is_refused(tmp_path):
     images[3, 0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         HDF5Source(write(tmp_path / "n.h5", images, np.arange(6) % 2), cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("shape", [(6, 1), (6, 1, 1, 1)], ids=["N,1", "pcam"])
+def test_labels_with_trailing_unit_axes_are_read_as_one_per_image(tmp_path, caplog, shape):
+    labels = (np.arange(6) % 2).reshape(shape)
+    path = write(tmp_path / "l.h5", np.zeros((6, 8, 8, 3), np.uint8), labels)
+    for _ in range(2):  # the second run finds the label cache as the first wrote it, and trusts it
+        source = HDF5Source(path, val_fraction=0.34, cache_dir=tmp_path / "c")
+        with caplog.at_level(logging.WARNING):
+            source.prepare()
+            train = source.split("train")
+        assert len(train) + len(source.split("val")) == 6 and source.classes == ["0", "1"]
+        assert {train[i][1] for i in range(len(train))} == {0, 1}
+    assert "damaged" not in caplog.text
+
+
+def test_multi_dimensional_labels_are_refused_naming_the_key_and_shape(tmp_path):
+    path = write(
+        tmp_path / "l.h5", np.zeros((6, 8, 8, 3), np.uint8), np.eye(2, dtype=np.int64)[np.arange(6) % 2]
+    )
+    with pytest.raises(ValueError, match=r"l\.h5': labels 'labels' has shape \(6, 2\).*source\.labels_key"):
+        HDF5Source(path, cache_dir=tmp_path / "c")

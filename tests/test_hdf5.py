@@ -346,3 +346,39 @@ def test_raw_ragged_rows_read_the_same_when_the_file_is_compressed(make_cfg, tre
     for (a, la), (b, lb) in zip(mapped.getitems(rows), packed.getitems(rows)):
         assert la == lb and np.array_equal(a, b)
     assert np.array_equal(packed[3][0], mapped[3][0])
+
+
+@pytest.mark.parametrize("max_side", [None, 256])  # 256: larger than every image, so nothing is resized
+def test_reconverting_raw_hdf5_reencodes_pixels(make_cfg, tree, tmp_path, max_side):
+    """A raw file converted again to an encoded one stores image files (PNG, lossless), never the pixel
+    array's bytes: every row decodes to the very pixels of the raw row."""
+    _convert(make_cfg, tree, tmp_path / "raw.h5", "out.mode=raw", "out.max_side=8", "out.workers=1")
+    cfg = make_cfg(
+        "source=hdf5",
+        f"source.path={tmp_path / 'raw.h5'}",
+        f"out.path={tmp_path / 're.h5'}",
+        "out.workers=1",
+        *([f"out.max_side={max_side}"] if max_side else []),
+        config="convert",
+    )
+    assert run_convert(cfg)["skipped"] == 0
+    raw = HDF5Source(tmp_path / "raw.h5", val_fraction=0).split("train")
+    again = HDF5Source(tmp_path / "re.h5", val_fraction=0).split("train")
+    assert again.encoded and len(again) == len(raw) == 18
+    for i in range(len(raw)):
+        assert again[i][1] == raw[i][1] and torch.equal(decode(again[i][0]), torch.as_tensor(raw[i][0])), i
+
+
+def test_reconverting_raw_hdf5_smaller_reencodes_as_jpeg(make_cfg, tree, tmp_path):
+    _convert(make_cfg, tree, tmp_path / "raw.h5", "out.mode=raw", "out.size=8", "out.workers=1")
+    cfg = make_cfg(
+        "source=hdf5",
+        f"source.path={tmp_path / 'raw.h5'}",
+        f"out.path={tmp_path / 're.h5'}",
+        "out.max_side=4",
+        "out.workers=1",
+        config="convert",
+    )
+    run_convert(cfg)
+    again = HDF5Source(tmp_path / "re.h5", val_fraction=0).split("train")
+    assert bytes(again[0][0][:3]) == b"\xff\xd8\xff" and decode(again[0][0]).shape == (3, 4, 4)

@@ -12,6 +12,7 @@ import os
 
 from feedline.datasets.hdf5 import HDF5Source
 from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.writers.lock import writer_lock
 from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,12 @@ class ConvertedHDF5Source(HDF5Source):
         if not os.path.exists(self.path):
             from feedline.writers.hdf5 import convert_source
 
-            options = HDF5WriteOptions(path=self.path, **self.convert_options)
-            summary = convert_source(self.origin, options)
-            log.info("converted %d images from %r into %s", summary["images"], self.origin, self.path)
+            # several nodes may get here at once: one converts, the others wait for it and read its file
+            with writer_lock(self.path, "conversion", "source.path", wait=True):
+                if not os.path.exists(self.path):
+                    options = HDF5WriteOptions(path=self.path, **self.convert_options)
+                    summary = convert_source(self.origin, options, lock=False)
+                    log.info("converted %d images from %r into %s", summary["images"], self.origin, self.path)
         super().prepare()
 
 
@@ -66,5 +70,5 @@ class LaidOutLazyFolderSource(LazyFolderSource):
         from feedline.writers.lazy_layout import layout
 
         self.origin.prepare()
-        log.info(layout(self.origin.root, self.root, cache_dir=self.cache_dir))
+        log.info(layout(self.origin.root, self.root, cache_dir=self.cache_dir, wait=True))
         super().prepare()

@@ -8,6 +8,7 @@ Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -19,13 +20,14 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 import torch
-from torchvision.io import encode_jpeg
+from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
 from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.transforms.decode import DecodeError, decode
+from feedline.writers.lock import writer_lock
 from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
@@ -80,9 +82,20 @@ def _prepare(i: int):
         elif _options.max_side:
             image = _shrink(image, int(_options.max_side))
         return image.permute(1, 2, 0).contiguous().numpy(), label, None
+    data = _encoded_bytes(payload)
     if _options.max_side and max(image.shape[-2:]) > int(_options.max_side):
-        payload = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
-    return np.asarray(payload, dtype=np.uint8), label, None
+        data = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
+    elif data is None:  # raw pixels (a raw HDF5 file, an array source): an encoded row must be a file
+        data = encode_png(image.contiguous()).numpy()  # lossless: the same pixels decode back
+    return data, label, None
+
+
+def _encoded_bytes(payload) -> np.ndarray | None:
+    """The payload as a 1-D uint8 array when it is an encoded file's bytes; None when it is pixels."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return np.frombuffer(payload, dtype=np.uint8)
+    array = np.asarray(payload)
+    return array if array.ndim == 1 and array.dtype == np.uint8 else None
 
 
 def _prepare_chunk(indices: range) -> list:
@@ -90,18 +103,34 @@ def _prepare_chunk(indices: range) -> list:
 
 
 # -- writer side ----------------------------------------------------------------------------------------
-def convert_source(source, options: HDF5WriteOptions) -> dict:
+def convert_source(source, options: HDF5WriteOptions, lock: bool = True) -> dict:
     """Prepare ``source`` and write every sample of it (``split("all")``, its val share included) to
-    ``options.path``."""
-    source.prepare()
-    return convert(source.split("all"), source.classes, options, description=repr(source))
+    ``options.path``. ``lock``: take the output's writer lock first (False: the caller holds it)."""
+    with _writing(options, lock) as out_path:
+        source.prepare()
+        return _write(source.split("all"), source.classes, options, out_path, repr(source))
 
 
-def convert(records, classes: list[str], options: HDF5WriteOptions, description: str = "") -> dict:
+def convert(
+    records, classes: list[str], options: HDF5WriteOptions, description: str = "", lock: bool = True
+) -> dict:
     """Write ``records`` to ``options.path``; returns the summary (images, bytes, skipped, seconds)."""
+    with _writing(options, lock) as out_path:
+        return _write(records, classes, options, out_path, description)
+
+
+@contextlib.contextmanager
+def _writing(options: HDF5WriteOptions, lock: bool):
+    """The output's absolute path, its directory made, held by this process alone (``writers/lock.py``):
+    a second conversion to it is refused before it touches the first one's scratch files."""
     options.check()
     out_path = os.path.abspath(os.path.expanduser(str(options.path)))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with writer_lock(out_path, "conversion", "out.path") if lock else contextlib.nullcontext():
+        yield out_path
+
+
+def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str, description: str) -> dict:
     partial = out_path + ".partial"
     report = out_path + ".skipped.tsv"
     n = len(records)

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from feedline.datasets.index import open_index
 from feedline.datasets.lazy_checks import LayoutError
 from feedline.datasets.records import require_dir
+from feedline.writers.lock import writer_lock
 
 MARKER = ".feedline-layout.json"
 MAPPING = "mapping.tsv"
@@ -64,9 +65,16 @@ def _write_plan(dst: Path, plan) -> None:
     os.replace(tmp, dst / MAPPING)
 
 
-def layout(src: str, dst: str, move: bool = False, cache_dir: str | None = None) -> str:
+def layout(src: str, dst: str, move: bool = False, cache_dir: str | None = None, wait: bool = False) -> str:
+    """Lay ``src`` out into ``dst``; a summary line. One process at a time per DST: another one is refused
+    at once (``wait``: waited for, then this one completes or confirms its layout)."""
     src = require_dir(src, "SRC")
     dst_path = Path(os.path.abspath(os.path.expanduser(dst)))
+    with writer_lock(str(dst_path), "layout", "DST", wait=wait):
+        return _layout(src, dst_path, move, cache_dir)
+
+
+def _layout(src: str, dst_path: Path, move: bool, cache_dir: str | None) -> str:
     marker = dst_path / MARKER
     if dst_path.exists() and any(dst_path.iterdir()):
         try:

@@ -18,7 +18,7 @@ MODES = ("encoded", "raw")
 @dataclass
 class HDF5WriteOptions:
     path: str = "???"  # the HDF5 file to write (as <path>.partial, renamed when complete); required
-    mode: str = "encoded"  # encoded: file bytes (re-encoded as JPEG when resized) | raw: uint8 HWC pixels
+    mode: str = "encoded"  # encoded: files (JPEG when resized, PNG from raw pixels) | raw: HWC pixels
     max_side: Optional[int] = None  # noqa: UP045 - shrink so the longer side is at most this (aspect kept)
     size: Optional[int] = None  # noqa: UP045 - raw only: resize the shorter side, centre-crop a square
     quality: int = 90  # JPEG quality for re-encoded images
