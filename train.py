@@ -36,6 +36,7 @@ def train(cfg: DictConfig) -> dict:
     check_trainer_keys(cfg.trainer, trainer_arguments(cfg.trainer))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")
+    datamodule.check_stages("fit")  # a missing or empty split fails here, before the model and trainer
     model = instantiate(cfg.model, "model", num_classes=datamodule.num_classes)
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_all(cfg.get("logger"), "logger")

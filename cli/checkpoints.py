@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+log = logging.getLogger(__name__)
 
 
 def resolve_ckpt_path(value: str | None, output_dir: str) -> str | None:
     """``last`` -> the newest of ``<output_dir>/checkpoints/last*.ckpt`` (every_n_train_steps, epoch ends)
     and ``<output_dir>/hpc_ckpt_*.ckpt`` (what Lightning saves on SLURM's SIGUSR1 before a requeue; Lightning
-    itself reads those only when no ckpt_path is given). With neither, ``last`` stays for Lightning, which
-    warns and starts afresh: the first launch of a job that a requeue will resume. Anything else is kept."""
+    itself reads those only when no ckpt_path is given). With neither, None: the first launch of a job that a
+    requeue will resume starts afresh, with a warning naming where it looked (Lightning's own, which tells
+    to set ``save_last=True``, does not apply: feedline's checkpoint callback sets it). Anything else is kept."""
     if value != "last":
         return value
     candidates = glob.glob(os.path.join(output_dir, "checkpoints", "last*.ckpt"))
     candidates += glob.glob(os.path.join(output_dir, "hpc_ckpt_*.ckpt"))
-    return max(candidates, key=os.path.getmtime) if candidates else "last"
+    if candidates:
+        return max(candidates, key=os.path.getmtime)
+    if rank_zero_only.rank == 0:
+        log.warning(
+            "ckpt_path=last: no checkpoint yet in %s (checkpoints/last*.ckpt, hpc_ckpt_*.ckpt): starting "
+            "afresh; the same command resumes from the checkpoints this run writes there",
+            os.path.abspath(output_dir),
+        )
+    return None

@@ -6,6 +6,7 @@ so a process that only loads data starts sooner.
 
 __init__                   builds source/transforms/collate from their config (``config`` rebuilds it)
 prepare_data()             once per node: source.prepare() scans and caches
+check_stages(*stages)      before a run: prepare, then build every split the stages use (errors come first)
 setup(stage)               source.split() -> RecordSet -> SampleDataset
                            (fit: train+val, validate: val, test: test, predict: data.predict_root)
 *_dataloader()             DataLoader with the resolved loader knobs
@@ -119,6 +120,7 @@ class ImageLoaders:
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
+        self._prepared_early = False
         self._remember(
             {
                 "source": source_config,
@@ -165,7 +167,25 @@ class ImageLoaders:
             self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
 
     def prepare_data(self) -> None:
+        if self._prepared_early:  # by check_stages in this process, just before the run: once is enough
+            self._prepared_early = False
+            return
         self.source.prepare()
+
+    def check_stages(self, *stages: str) -> None:
+        """Build now every split that ``stages`` ("fit", "validate", "test", "predict") will use, so that a
+        missing or empty one (no test split, no ``data.predict_root``) fails before any work starts, not after
+        ``fit``. Runs ``prepare_data()`` first, in the calling process (the first ``prepare_data()`` after it is
+        then skipped); the splits built here are the ones the run uses."""
+        unknown = [stage for stage in stages if stage not in _STAGES]
+        if unknown:
+            raise ValueError(
+                f"check_stages: unknown stage {unknown[0]!r}; the stages are {', '.join(_STAGES)}"
+            )
+        self.prepare_data()
+        self._prepared_early = True
+        for stage in stages:
+            self.setup(stage)
 
     def setup(self, stage: str | None = None) -> None:
         self._bind_mix()

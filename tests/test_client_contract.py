@@ -154,6 +154,35 @@ def test_predict_without_images_says_which_key_to_set(tree, tmp_path):
         ImageDataModule(FolderSource(tree), predict_root=tmp_path / "nowhere")
 
 
+def test_check_stages_fails_on_a_split_a_later_stage_lacks_before_any_work(tree):
+    with pytest.raises(ValueError, match=r"no test split: set source\.test_root=.* or source\.test_fraction"):
+        ImageDataModule(FolderSource(tree), num_workers=0).check_stages("fit", "test")
+    with pytest.raises(ValueError, match=r"set data\.predict_root="):
+        ImageDataModule(FolderSource(tree), num_workers=0).check_stages("fit", "predict")
+    with pytest.raises(
+        ValueError, match=r"unknown stage 'tset'; the stages are fit, validate, test, predict"
+    ):
+        ImageDataModule(FolderSource(tree), num_workers=0).check_stages("tset")
+
+
+def test_a_run_after_check_stages_uses_its_splits_and_prepares_once(tree, monkeypatch):
+    source = FolderSource(tree, test_fraction=0.34)
+    prepared = []
+    monkeypatch.setattr(source, "prepare", lambda: prepared.append(1))
+    dm = ImageDataModule(source, num_workers=0, batch_size=4)
+    dm.check_stages("fit", "test")
+    built = dict(dm.datasets)
+    assert sorted(built) == ["test", "train", "val"] and prepared == [1]
+    trainer = L.Trainer(
+        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    model = TinyClassifier()
+    trainer.fit(model, datamodule=dm)
+    assert prepared == [1]  # fit's prepare_data was check_stages'
+    trainer.test(model, datamodule=dm)
+    assert dm.datasets == built and prepared == [1, 1]  # test's own, as without check_stages
+
+
 class TinyClassifier(L.LightningModule):
     def __init__(self, num_classes: int = 3):
         super().__init__()

@@ -86,6 +86,19 @@ def test_the_readme_project_trains_tests_and_predicts_with_feedline_from_a_wheel
 
 
 @pytest.mark.slow
+def test_the_readme_project_without_a_test_split_fails_before_training(feedline_wheel, tmp_path):
+    _, site = feedline_wheel
+    project = readme_project(tmp_path / "project")
+    tree = simple_tree(tmp_path / "tree", per_class=6)
+    env = {**os.environ, "PYTHONPATH": str(site), "FEEDLINE_CACHE_DIR": str(tmp_path / "cache")}
+    args = [sys.executable, "train.py", f"source.root={tree}", "data.num_workers=0", "epochs=1"]
+    out = subprocess.run(args, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1
+    assert "has no test split: set source.test_root" in out.stderr
+    assert "Epoch" not in out.stdout + out.stderr  # no training was thrown away: none started
+
+
+@pytest.mark.slow
 def test_a_wrong_key_in_the_project_is_one_short_message(tmp_path):
     project = readme_project(tmp_path / "project")
     env = {**os.environ, "FEEDLINE_CACHE_DIR": str(tmp_path / "cache")}

@@ -3,6 +3,7 @@ the checkpoint's step on, exactly the batches of an uninterrupted run with the s
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import re
@@ -243,7 +244,7 @@ def test_last_ckpt_is_written_in_the_first_epoch_and_the_best_checkpoint_still_a
 def test_ckpt_path_last_takes_the_newest_of_last_and_the_slurm_requeue_checkpoint(tmp_path):
     from feedline.cli.checkpoints import resolve_ckpt_path
 
-    assert resolve_ckpt_path("last", str(tmp_path)) == "last"  # nothing yet: Lightning warns, starts afresh
+    assert resolve_ckpt_path("last", str(tmp_path)) is None  # nothing yet: a warning, a fresh start
     (tmp_path / "checkpoints").mkdir()
     last = tmp_path / "checkpoints" / "last.ckpt"
     last.write_bytes(b"")
@@ -258,8 +259,32 @@ def test_ckpt_path_last_takes_the_newest_of_last_and_the_slurm_requeue_checkpoin
     )
 
 
+def test_the_csv_logger_appends_and_moves_aside_the_rows_of_steps_logged_again(tmp_path):
+    from feedline.callbacks.csv_logger import CSVLogger
+
+    first = CSVLogger(tmp_path, name="csv", version="")
+    for step in range(4):
+        first.log_metrics({"train/loss": float(step)}, step)
+    first.finalize("success")
+    second = CSVLogger(tmp_path, name="csv", version="")  # a launch resumed from a checkpoint at step 2
+    second.log_metrics({"train/loss": 20.0}, 2)
+    second.log_metrics({"val/acc": 0.5}, 3)
+    second.finalize("success")
+    rows = metric_rows(tmp_path / "csv" / "metrics.csv")
+    assert rows == [
+        {"step": "0", "train/loss": "0.0"},
+        {"step": "1", "train/loss": "1.0"},
+        {"step": "2", "train/loss": "20.0"},
+        {"step": "3", "val/acc": "0.5"},
+    ]
+    replaced = metric_rows(tmp_path / "csv" / "metrics.replaced.csv")
+    assert replaced == [{"step": "2", "train/loss": "2.0"}, {"step": "3", "train/loss": "3.0"}]
+
+
 # -- kill -9 and resume, from the command line ----------------------------------------------------------
-def train(tmp_path, run: str, record: str, *overrides: str, kill_after_step: int | None = None):
+def train(
+    tmp_path, run: str, record: str, *overrides: str, kill_after_step: int | None = None, logger: str = "none"
+):
     probe = [
         "+callbacks.record._target_=tests.resume_probe.RecordBatches",
         f"+callbacks.record.path={tmp_path / record}",
@@ -274,7 +299,7 @@ def train(tmp_path, run: str, record: str, *overrides: str, kill_after_step: int
         f"paths.cache_dir={tmp_path / 'cache'}",
         "trainer.max_epochs=2",
         "trainer.accelerator=cpu",
-        "logger=none",
+        f"logger={logger}",
         *probe,
         *overrides,
     ]
@@ -332,3 +357,47 @@ def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run
         lines = (tmp_path / f"run.rank{rank}").read_text().splitlines()
         replayed = len(lines) - len(expected)
         assert 0 <= replayed < every  # the resume replays at most the steps after the last checkpoint
+
+
+def metric_rows(path) -> list[dict]:
+    """The rows, without their empty cells (the column set grows with what later launches log)."""
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_appends_to_the_metrics_of_the_run_it_resumes(tmp_path):
+    """Killed after step 7 with last.ckpt from step 4, then resumed with ckpt_path=last into the same
+    directory: metrics.csv keeps the killed launch's rows of the steps before the resume, and the rows of the
+    steps the resume logs again move to metrics.replaced.csv."""
+    tree = simple_tree(tmp_path / "tree", per_class=8)  # 21 train samples: 11 steps an epoch
+    options = [
+        "source=folder",
+        f"source.root={tree}",
+        "transforms=digits",
+        "data.batch_size=2",
+        "data.num_workers=0",
+        "trainer.log_every_n_steps=1",
+        "callbacks.model_checkpoint.every_n_train_steps=4",
+        "ckpt_path=last",  # the SLURM requeue's command: the same for the first launch and every later one
+    ]
+    killed = train(tmp_path, "run", "run", *options, kill_after_step=7, logger="csv")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "save_last=True" not in killed.stderr + killed.stdout  # Lightning's hint: feedline sets it
+    assert "no checkpoint yet" in killed.stderr + killed.stdout
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    before = metric_rows(metrics)
+    assert {int(r["step"]) for r in before} >= {0, 1, 2, 3, 4, 5}
+
+    resumed = train(tmp_path, "run", "run", *options, logger="csv")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "will be deleted" not in resumed.stderr + resumed.stdout
+    after = metric_rows(metrics)
+    replaced = metric_rows(tmp_path / "run" / "csv" / "metrics.replaced.csv")
+    first = min(int(r["step"]) for r in replaced)
+    assert first == 4  # last.ckpt was written after 4 steps: the resume logs step 4 on again
+    assert replaced == [r for r in before if int(r["step"]) >= first]
+    assert [r for r in after if int(r["step"]) < first] == [r for r in before if int(r["step"]) < first]
+    assert max(int(r["step"]) for r in after) == 21 and {r["epoch"] for r in after} == {"0", "1"}
+    steps = [int(r["step"]) for r in after if "train/loss" in r]
+    assert steps == list(range(22))  # every training step once, in order: none lost, none twice
