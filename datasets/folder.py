@@ -134,6 +134,7 @@ class FolderSource(Source):
             self.seed,
             index.directory,
             test_fraction=self.test_fraction,
+            classes=index.classes,
         )
         return FolderRecords(index, self.root, subset)
 

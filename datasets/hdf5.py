@@ -272,8 +272,9 @@ class HDF5Source(Source):
             array = labels.array
             counts = np.bincount(array, minlength=len(self.classes))
             order = None if np.all(array[1:] >= array[:-1]) else np.argsort(array, kind="stable")
+            cache, classes = self._cache(path), self.classes
             subset = subset_for(
-                name, counts, self.val_fraction, self.seed, self._cache(path), order, self.test_fraction
+                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, classes
             )
         return HDF5Records(
             path,

@@ -7,6 +7,7 @@ verify``). No image is opened.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from feedline.datasets.scan import list_classes
 log = logging.getLogger(__name__)
 
 SHOWN = 5  # paths listed per kind of defect
+OUT_OF_RANGE = 2  # a file numbered at least this many times the class's numbered files is never read
 
 
 class LayoutError(ValueError):
@@ -69,6 +71,8 @@ def class_count(root: str, name: str, extension: str | None = None) -> tuple[str
     ):
         return ext, n
     report = check_class(root, name, ext, names)
+    if not report.count:
+        raise LayoutError(f"{report.describe()} (renumber its files 0..n-1: feedline-lazy-folder layout)")
     log.warning("%s (set source.verify=true to stop on such defects)", report.describe())
     return ext, report.count
 
@@ -80,14 +84,16 @@ class ClassReport:
     root: str
     name: str
     ext: str
-    count: int = 0  # highest index + 1: every readable sample, gaps included
+    count: int = 0  # highest index in range + 1: every readable sample, gaps included
     gaps: list[int] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
+    out_of_range: list[str] = field(default_factory=list)  # numbered ``limit`` or above
+    limit: int = 0  # twice the class's numbered files: a number this high is never read
 
     @property
     def ok(self) -> bool:
-        return not (self.gaps or self.duplicates or self.extras)
+        return not (self.gaps or self.duplicates or self.extras or self.out_of_range)
 
     def describe(self) -> str:
         where = os.path.join(self.root, self.name)
@@ -96,21 +102,22 @@ class ClassReport:
             ("missing", [f"{i}{self.ext}" for i in self.gaps]),
             ("duplicate", self.duplicates),
             ("extra", self.extras),
+            (f"out of range (numbered {self.limit}{self.ext} or above, never read)", self.out_of_range),
         ):
             if items:
                 shown = ", ".join(os.path.join(where, p) for p in items[:SHOWN])
                 parts.append(f"{len(items)} {label}: {shown}{' ...' if len(items) > SHOWN else ''}")
-        return (
-            f"class '{self.name}' does not hold exactly 0{self.ext} .. {self.count - 1}{self.ext}: "
-            + "; ".join(parts)
-        )
+        held = f"exactly 0{self.ext} .. {self.count - 1}{self.ext}" if self.count else f"0{self.ext}"
+        return f"class '{self.name}' does not hold {held}: " + "; ".join(parts)
 
 
 def check_class(root: str, name: str, ext: str, names: list[str] | None = None) -> ClassReport:
     """Check that a class folder holds exactly ``0..n-1`` + ``ext``, from its listing (no image is read).
 
     A name the loader would never read is a *duplicate* when its number is already present (``01.jpg``
-    or ``1.png`` beside ``1.jpg``), else an *extra*; a number below the highest that has no file is a gap.
+    or ``1.png`` beside ``1.jpg``), else an *extra*. A file numbered at least twice the class's numbered
+    files is *out of range* (a stray ``1700000000.png``: counting up to it would make the class mostly
+    gaps); a number below the highest in range that has no file is a gap. Memory: O(files).
     """
     names = _visible_names(os.path.join(root, name)) if names is None else names
     report = ClassReport(root, name, ext)
@@ -126,9 +133,17 @@ def check_class(root: str, name: str, ext: str, names: list[str] | None = None) 
         stem = os.path.splitext(n)[0]
         number = int(stem) if _is_number(stem) else None
         (report.duplicates if number in canonical else report.extras).append(n)
-    report.count = max(canonical) + 1 if canonical else 0
-    if len(canonical) != report.count:
-        report.gaps = sorted(set(range(report.count)) - set(canonical))
+    report.limit = OUT_OF_RANGE * len(canonical)
+    numbers = sorted(canonical)
+    kept = bisect.bisect_left(numbers, report.limit)
+    report.out_of_range = [canonical[i] for i in numbers[kept:]]
+    numbers = numbers[:kept]
+    report.count = numbers[-1] + 1 if numbers else 0
+    if len(numbers) != report.count:  # count < limit = 2 x files: the gaps are O(files)
+        expected = 0
+        for i in numbers:
+            report.gaps.extend(range(expected, i))
+            expected = i + 1
     return report
 
 

@@ -191,7 +191,13 @@ class LazyFolderSource(Source):
             starts.append(starts[-1] + count)
         cache = None if m.get("transient") else self.manifest_dir
         subset = subset_for(
-            name, m["counts"], self.val_fraction, self.seed, cache, test_fraction=self.test_fraction
+            name,
+            m["counts"],
+            self.val_fraction,
+            self.seed,
+            cache,
+            test_fraction=self.test_fraction,
+            classes=m["classes"],
         )
         return LazyFolderRecords(self.root, m["classes"], m["exts"], starts, subset)
 

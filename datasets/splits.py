@@ -8,6 +8,7 @@ validates on the same samples.
 from __future__ import annotations
 
 import logging
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,67 @@ def check_fractions(val, test) -> tuple[float, float]:
 
 
 PARTS = ("train", "val", "test")
+SHOWN = 10  # classes named per warning
+RULE = "-halfup"  # in the cache file names: splits cached under the earlier rounding are not read back
+
+
+def _round_half_up(fraction: float, counts) -> list[int]:
+    """``fraction * n`` rounded half up, on the fraction as written (``0.29`` is 29/100, not the float
+    just below it), so ``0.5`` of 3 is 2 and of 5 is 3, whatever the float arithmetic would say."""
+    share = Fraction(str(fraction))
+    p, q = share.numerator, share.denominator
+    return [(2 * p * int(n) + q) // (2 * q) for n in counts]
+
+
+def _rounded(counts, fraction: float, test_fraction: float):
+    counts = np.asarray(counts, dtype=np.int64)
+    val, test = (
+        np.asarray(_round_half_up(f, counts), dtype=np.int64).reshape(counts.shape)
+        for f in (fraction, test_fraction)
+    )
+    return counts, val, test
+
+
+def held_out(counts, fraction: float, test_fraction: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, how many samples go to val and how many to test (the rest train).
+
+    The rule: class c gives ``fraction * counts[c]`` to val and ``test_fraction * counts[c]`` to test,
+    each rounded half up; when that would leave the class nothing to train on, its test share, then its
+    val share, gives one back, so every class with a sample keeps at least one for training."""
+    counts, val, test = _rounded(counts, fraction, test_fraction)
+    over = np.maximum(
+        val + test - counts + np.minimum(counts, 1), 0
+    )  # one past what leaves a training sample
+    back = np.minimum(test, over)
+    return val - (over - back), test - back
+
+
+def warn_untrained(classes, counts, fraction: float, test_fraction: float = 0.0) -> None:
+    """Warn, naming them, about classes that get no training sample (they have none), and about those that
+    keep one only because ``held_out`` gave it back from their held-out shares."""
+    counts, val, test = _rounded(counts, fraction, test_fraction)
+    empty = np.flatnonzero(counts == 0).tolist()
+    kept = np.flatnonzero((counts > 0) & (val + test >= counts)).tolist()
+    names = list(classes) if classes is not None else [str(c) for c in range(len(counts))]
+
+    def shown(indices: list[int]) -> str:
+        listed = ", ".join(f"'{names[c]}' ({int(counts[c])})" for c in indices[:SHOWN])
+        return listed + (f" and {len(indices) - SHOWN} more" if len(indices) > SHOWN else "")
+
+    if empty:
+        log.warning("%d class(es) get no training sample, having none: %s", len(empty), shown(empty))
+    if kept:
+        keys = f"source.val_fraction={fraction}" + (
+            f" + source.test_fraction={test_fraction}" if test_fraction else ""
+        )
+        log.warning(
+            "%s, rounded half up, would hold out every sample of %d class(es) (samples in brackets): %s; "
+            "each keeps one for training instead (taken back from test first, then val). Lower the "
+            "fractions, or give these classes more samples",
+            keys,
+            len(kept),
+            shown(kept),
+        )
 
 
 def stratified_split(counts, fraction: float, seed: int, order=None, test_fraction: float = 0.0):
@@ -47,17 +109,17 @@ def stratified_split(counts, fraction: float, seed: int, order=None, test_fracti
 
     Class c holds ``counts[c]`` samples: consecutive indices in class-major order, or, when ``order``
     is given (``argsort(labels, kind="stable")`` of data that is not class-major), the indices
-    ``order[start_c : start_c + counts[c]]``. Each class gives ``round(fraction * count)`` samples to val
-    and ``round(test_fraction * count)`` to test, drawn together by a generator seeded with ``seed``
-    (without a test share the draws, and so val, are those of a train/val split).
+    ``order[start_c : start_c + counts[c]]``. Each class gives ``held_out`` samples to val and to test,
+    drawn together by a generator seeded with ``seed`` (without a test share the draws, and so val, are
+    those of a train/val split).
     """
     check_fractions(fraction, test_fraction)
     rng = np.random.default_rng(seed)
     counts = np.asarray(counts, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     val, test = [], []
-    for start, n in zip(starts, counts):
-        k, t = int(round(fraction * n)), int(round(test_fraction * n))
+    for start, n, k, t in zip(starts, counts, *held_out(counts, fraction, test_fraction)):
+        k, t = int(k), int(t)
         if k + t:
             drawn = start + rng.choice(n, size=k + t, replace=False)
             val.append(drawn[:k])
@@ -76,10 +138,9 @@ def stratified_split(counts, fraction: float, seed: int, order=None, test_fracti
 
 
 def _sizes(counts, fraction: float, test_fraction: float) -> dict[str, int]:
-    counts = [int(n) for n in counts]
-    val = sum(round(fraction * n) for n in counts)
-    test = sum(round(test_fraction * n) for n in counts)
-    return {"train": sum(counts) - val - test, "val": val, "test": test}
+    val, test = (int(part.sum()) for part in held_out(counts, fraction, test_fraction))
+    total = int(np.asarray(counts, dtype=np.int64).sum())
+    return {"train": total - val - test, "val": val, "test": test}
 
 
 def split_rows(name: str, counts, fraction: float, seed: int, directory=None, order=None, test_fraction=0.0):
@@ -93,7 +154,7 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
             stratified_split(counts, fraction, seed, order, test_fraction)[PARTS.index(name)]
         )
     directory = Path(directory)
-    tag = f"split-{seed}-{fraction:.6g}" + (f"-test-{test_fraction:.6g}" if test_fraction else "")
+    tag = f"split-{seed}-{fraction!r}" + (f"-test-{test_fraction!r}" if test_fraction else "") + RULE
     parts = PARTS if test_fraction else PARTS[:2]
     paths = {part: directory / f"{tag}-{part}.npy" for part in parts}
     first_use = not any(p.exists() or p.with_name(p.name + ".sum").exists() for p in paths.values())
@@ -139,10 +200,15 @@ def check_split(name: str) -> str:
     return name
 
 
-def subset_for(name: str, counts, fraction: float, seed: int, directory=None, order=None, test_fraction=0.0):
+def subset_for(
+    name: str, counts, fraction: float, seed: int, directory=None, order=None, test_fraction=0.0, classes=None
+):
     """The rows of split ``name`` of one source: None for every row ("all", or "train" with nothing
-    held out), else the seeded split's rows (``split_rows``)."""
+    held out), else the seeded split's rows (``split_rows``). For "train", classes (named by ``classes``)
+    that get no training sample, or keep one only by the rule of ``held_out``, are named in a warning."""
     check_split(name)
+    if name == "train":
+        warn_untrained(classes, counts, fraction, test_fraction)
     if name == "all" or (name == "train" and not fraction and not test_fraction):
         return None
     return split_rows(name, counts, fraction, seed, directory, order, test_fraction)

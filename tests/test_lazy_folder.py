@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -155,6 +156,52 @@ def test_verify_reports_gaps_duplicates_and_extras(tmp_path):
     assert "2 missing: " + os.path.join(root, "gappy", "2.jpg") in reports["gappy"].describe()
     with pytest.raises(LayoutError, match=r"(?s)source\.verify found 3 class.*dup.*extra.*gappy"):
         LazyFolderSource(root, verify=True).prepare()
+
+
+STRAY = """
+import logging, sys
+from feedline.datasets.lazy_checks import LayoutError
+from feedline.datasets.lazy_folder import LazyFolderSource
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+print("samples", len(LazyFolderSource(sys.argv[1], val_fraction=0).split("train")))
+try:
+    LazyFolderSource(sys.argv[1], verify=True).prepare()
+except LayoutError as err:
+    print("refused", err)
+"""
+
+
+def _limit_memory():  # 2 GiB of address space: counting up to the stray number would need about 100 GiB
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_a_stray_numbered_file_is_named_and_never_counted_up_to(tmp_path):
+    root = _lazy_tree(tmp_path / "t", {"a": 3, "b": 2}, ext=".png")
+    make_tree(root, {"a": ["1700000000.png"]})
+    out = subprocess.run(
+        [sys.executable, "-c", STRAY, root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limit_memory,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    stray = os.path.join(root, "a", "1700000000.png")
+    assert f"1 out of range (numbered 8.png or above, never read): {stray}" in out.stdout  # warned
+    assert "samples 5" in out.stdout  # a keeps 0..2
+    assert "refused source.verify found 1 class(es)" in out.stdout and out.stdout.count(stray) == 2
+    report = {r.name: r for r in verify_tree(root)}["a"]
+    assert report.out_of_range == ["1700000000.png"] and report.count == 3 and not report.gaps
+
+
+def test_a_class_whose_only_numbered_file_is_out_of_range_is_refused(tmp_path):
+    root = _lazy_tree(tmp_path / "t", {"a": 3})
+    make_tree(root, {"b": ["5.jpg"]})
+    with pytest.raises(LayoutError, match=r"class 'b' does not hold 0\.jpg: 1 out of range.*b/5\.jpg"):
+        LazyFolderSource(root).prepare()
 
 
 def test_counts_on_the_fly_cover_gaps_with_a_warning(tmp_path, caplog):

@@ -23,15 +23,21 @@ from feedline.datasets.lazy_folder import LazyFolderSource
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.lazy_layout import layout
 from feedline.writers.options import HDF5WriteOptions
-from tests.helpers import simple_tree
+from tests.helpers import make_tree, simple_tree
 
 KINDS = ("folder", "lazy_folder", "hdf5", "hdf5_raw")
 PER_CLASS = 10
 
 
-def make_source(kind: str, tmp_path, corrupt: int | None = None, **options):
-    """``kind`` over a 3-class tree; with ``corrupt``, sample ``corrupt`` of the "all" split is garbage."""
-    tree = simple_tree(tmp_path / "tree", per_class=PER_CLASS)
+def make_source(kind: str, tmp_path, corrupt: int | None = None, counts: dict | None = None, **options):
+    """``kind`` over a 3-class tree (``counts``: class -> images, else PER_CLASS each); with ``corrupt``,
+    sample ``corrupt`` of the "all" split is garbage."""
+    if counts:
+        tree = make_tree(
+            tmp_path / "tree", {c: [f"{i:03d}.png" for i in range(n)] for c, n in counts.items()}
+        )
+    else:
+        tree = simple_tree(tmp_path / "tree", per_class=PER_CLASS)
     cache = tmp_path / "cache"
     if kind == "folder":
         source = FolderSource(tree, cache_dir=cache, **options)
@@ -87,7 +93,7 @@ def test_splits_are_disjoint_stratified_and_seeded(kind, tmp_path):
     source = make_source(kind, tmp_path, val_fraction=0.3, seed=1)
     train, val, every = (set(rows(source.split(n))) for n in ("train", "val", "all"))
     assert train.isdisjoint(val) and train | val == every
-    assert sorted(label for _, label in val) == [0] * 3 + [1] * 3 + [2] * 3  # round(0.3 * 10) per class
+    assert sorted(label for _, label in val) == [0] * 3 + [1] * 3 + [2] * 3  # 0.3 * 10 per class
     again = make_source(kind, tmp_path / "again", val_fraction=0.3, seed=1)
     other = make_source(kind, tmp_path / "other", val_fraction=0.3, seed=2)
     positions = [
@@ -103,7 +109,7 @@ def test_a_test_fraction_holds_out_a_third_disjoint_stratified_split(kind, tmp_p
     train, val, test, every = (set(rows(source.split(n))) for n in ("train", "val", "test", "all"))
     assert train.isdisjoint(val) and train.isdisjoint(test) and val.isdisjoint(test)
     assert train | val | test == every
-    assert sorted(label for _, label in test) == [0] * 2 + [1] * 2 + [2] * 2  # round(0.2 * 10) per class
+    assert sorted(label for _, label in test) == [0] * 2 + [1] * 2 + [2] * 2  # 0.2 * 10 per class
     assert sorted(label for _, label in val) == [0] * 3 + [1] * 3 + [2] * 3
     # Without a test share, val is the train/val split's own: adding test_fraction=0 changes nothing.
     plain = make_source(kind, tmp_path / "plain", val_fraction=0.3, seed=1, test_fraction=0.0)
@@ -118,6 +124,34 @@ def test_a_source_without_a_test_split_says_which_keys_make_one(kind, tmp_path):
         ValueError, match=r"no test split: set source\.test_(root|path)=.*source\.test_fraction"
     ):
         source.split("test")
+
+
+@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5"])
+def test_a_class_the_held_out_shares_would_empty_keeps_a_training_sample_and_is_named(kind, tmp_path, caplog):
+    counts = {"big": 10, "pair": 2, "one": 1}
+    source = make_source(kind, tmp_path, counts=counts, val_fraction=0.3, test_fraction=0.3, seed=1)
+    with caplog.at_level(logging.WARNING):
+        train = source.split("train")
+    per_class = {
+        name: [sorted(label for _, label in rows(source.split(n))).count(c) for n in ("train", "val", "test")]
+        for c, name in enumerate(source.classes)
+    }
+    # 0.3 of 2 rounds half up to 1 for val and 1 for test: test gives one back, so "pair" still trains
+    assert per_class == {"big": [4, 3, 3], "one": [1, 0, 0], "pair": [1, 1, 0]} and len(train) == 6
+    assert re.search(
+        r"would hold out every sample of 1 class\(es\).*'pair' \(2\); each keeps one", caplog.text
+    )
+    assert "'one'" not in caplog.text and "'big'" not in caplog.text
+
+
+def test_held_out_shares_round_half_up_per_class_on_the_fraction_as_written():
+    from feedline.datasets.splits import held_out
+
+    assert held_out([1, 3, 5, 7], 0.5)[0].tolist() == [0, 2, 3, 4]  # 1 of 1 would leave nothing to train
+    assert held_out([50], 0.29)[0].tolist() == [15]  # 14.5 exactly, though 0.29 * 50 == 14.499999999999998
+    assert held_out([15, 25], 0.1)[0].tolist() == [2, 3]  # 1.5 and 2.5: both up, never to the even one
+    val, test = held_out([4, 3, 2, 1], 0.5, 0.4)  # test gives back first, then val
+    assert val.tolist() == [2, 2, 1, 0] and test.tolist() == [1, 0, 0, 0]
 
 
 @pytest.mark.parametrize("val, test", [(0.6, 0.4), (0.0, 1.0), (0.5, -0.1)])
