@@ -47,7 +47,8 @@ def train(cfg: DictConfig) -> dict:
     if throughput is not None and in_sweep:  # a sweep's jobs share one process: time each from its own start
         throughput.started = job_started
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer.default_root_dir)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    # feedline's checkpoints are the run's own files, holding the datamodule's config beside the weights
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     summary = {
@@ -60,6 +61,9 @@ def train(cfg: DictConfig) -> dict:
         "output_dir": os.path.abspath(cfg.paths.output_dir),
         "metrics": metrics,
         "samples": {split: len(dataset) for split, dataset in datamodule.datasets.items()},
+        "skipped": {
+            split: dataset.bad.count for split, dataset in datamodule.datasets.items() if dataset.bad
+        },
         **_hydra_job(),
     }
     _report(summary)
@@ -97,13 +101,20 @@ def _report(summary: dict) -> None:
         json.dump(summary, f, indent=2)
     acc = summary["val_acc"]
     log.info(
-        "summary: val_acc=%s  train samples/s=%s  first batch %s s after the %s  outputs: %s",
+        "summary: val_acc=%s  train samples/s=%s  first batch %s s after the %s  files skipped: %d  outputs: %s",
         f"{acc:.4f}" if acc is not None else "n/a",
         summary["train_samples_per_s"],
         summary["first_batch_s"],
         "job started" if summary["first_batch_from"] == "job start" else "process started",
+        sum(summary["skipped"].values()),
         summary["output_dir"],
     )
+    skipped = {split: n for split, n in summary["skipped"].items() if n}
+    if skipped:
+        log.warning(
+            "skipped unreadable files (each named above): %s",
+            ", ".join(f"{n} in {split}" for split, n in skipped.items()),
+        )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

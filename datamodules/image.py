@@ -3,19 +3,26 @@
 __init__                   ImageLoaders' arguments; the parts' configs and knobs are saved as hyper-parameters,
                            so a checkpoint rebuilds the datamodule
 prepare_data(), setup(), *_dataloader()
-                           ImageLoaders', with the world size, rank and accelerator of the Trainer
+                           ImageLoaders', with the world size, rank and accelerator of the Trainer; an epoch
+                           shorter than trainer.log_every_n_steps lowers it to the epoch's batches
 on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 -> float, normalise), mix
                            on training batches, one memory format for every split
 """
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
 
 from feedline.datamodules.loaders import ImageLoaders
+from feedline.datamodules.notices import quiet_lightning
 from feedline.datamodules.resume import batch_seed
 from feedline.transforms.collate import Batch
+
+quiet_lightning()
+log = logging.getLogger(__name__)
 
 
 class ImageDataModule(ImageLoaders, L.LightningDataModule):
@@ -25,6 +32,28 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
     def _remember(self, config: dict) -> None:
         super()._remember(config)
         self.save_hyperparameters(config)
+
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+        self._log_each_epoch(len(loader))
+        return loader
+
+    def _log_each_epoch(self, batches: int) -> None:
+        """An epoch shorter than ``trainer.log_every_n_steps`` would log no training step in most epochs (and
+        Lightning warns about it): log every epoch's last step at least."""
+        trainer = self.trainer
+        if trainer is None or trainer.fast_dev_run:
+            return
+        limit = trainer.limit_train_batches
+        if isinstance(limit, int):
+            batches = min(batches, limit)
+        elif isinstance(limit, float) and limit < 1.0:
+            batches = int(batches * limit)
+        if 0 < batches < trainer.log_every_n_steps:
+            log.debug(
+                "trainer.log_every_n_steps %d -> %d: the epoch's batches", trainer.log_every_n_steps, batches
+            )
+            trainer.log_every_n_steps = batches
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         training = self.trainer is not None and self.trainer.training

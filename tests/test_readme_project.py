@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
+from tests.test_quiet import assert_quiet
 
 SNIPPET = re.compile(r"<!-- project file: (\S+) -->\n```\w+\n(.*?)\n```", re.S)
 FILES = {"conf/config.yaml", "model.py", "train.py", "predict.py", "loop.py"}
@@ -57,6 +58,7 @@ def test_the_readme_project_trains_tests_and_predicts_with_feedline_from_a_wheel
             [sys.executable, *args], cwd=project, env=env, capture_output=True, text=True, timeout=600
         )
         assert out.returncode == 0, f"{args}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+        assert_quiet(out.stdout + out.stderr)
         return out
 
     where = run("-c", "import feedline.datamodules.image as m; print(m.__file__)").stdout.strip()
