@@ -5,11 +5,14 @@ prints them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 
 import torch
 from torch.utils.data import DataLoader
+
+log = logging.getLogger(__name__)
 
 STAGES = ("read", "decode", "transform", "collate", "ipc")
 
@@ -45,6 +48,14 @@ def measure_loader(
     elapsed = clock() - start
     if done == 0:
         raise ValueError("no batches left after the warm-up: lower bench.warmup or use more data")
+    if (done < batches) if seconds is None else (elapsed < seconds):
+        asked = f"bench.seconds={seconds}" if seconds is not None else f"bench.batches={batches}"
+        log.warning(
+            "the train split ran out after %d batch(es) (%.2f s) past the warm-up: measured those, not %s",
+            done,
+            elapsed,
+            asked,
+        )
     return {
         "samples": samples,
         "batches": done,
