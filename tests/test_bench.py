@@ -103,6 +103,24 @@ def test_verdict_rules():
     assert recommend_workers({0: 100.0, 1: 180.0, 2: 330.0, 3: 340.0}) == 2
 
 
+def test_decode_bound_advice_fits_the_formats_measured(make_cfg, tmp_path):
+    from feedline.diagnostics.verdict import diagnose
+
+    measured = run(make_cfg, tmp_path, SLEEP)["breakdown"]["formats"]
+    assert measured == {"png": 24}  # simple_tree writes PNGs
+
+    def advice(formats):
+        share = {"read": 0.1, "decode": 0.7, "transform": 0.1, "collate": 0.1}
+        verdict = diagnose({"share": share, "end_to_end_s": 0.001, "formats": formats}, 1000, 1, 2)
+        assert verdict["verdict"] == "decode-bound"
+        return verdict["suggestions"]
+
+    png = advice(measured)
+    assert png[0].startswith("skip decoding entirely") and not any("JPEGs decode" in s for s in png)
+    assert advice({"jpeg": 24})[0].startswith("keep data.reduced_decode=true")
+    assert any("JPEGs decode" in s for s in advice({"jpeg": 20, "png": 4}))  # a mixed tree: both kinds
+
+
 @pytest.mark.parametrize(
     "override, said",
     [
