@@ -15,7 +15,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
@@ -23,6 +23,7 @@ from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader
 from feedline.diagnostics.drawing import draw_bench
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
+from feedline.diagnostics.options import SWEEP, BenchOptions
 from feedline.diagnostics.report import print_report
 from feedline.diagnostics.results import write_json
 from feedline.diagnostics.startup import StartupClock
@@ -57,7 +58,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     """Measure ``cfg.data``'s train loader; returns (and writes to ``bench.json_path``) the result."""
     startup = StartupClock()
     require(cfg, "source")
-    options = cfg.bench
+    options = bench_options(cfg)
     seed_everything(cfg.seed)
     startup.mark("interpreter, imports, config")
     datamodule = instantiate(cfg.data, "data", **_without_lightning(cfg.data))
@@ -71,12 +72,10 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     settings = datamodule.loader_settings()
     workers, batch_size, cpus = settings["num_workers"], settings["batch_size"], available_cpus()
 
-    sweep_mode = str(options.workers) == "sweep"
+    sweep_mode = options.workers == SWEEP
     if options.workers is not None and not sweep_mode:
-        datamodule.num_workers = workers = int(options.workers)
-    indices = random.Random(cfg.seed).sample(
-        range(len(dataset)), min(int(options.sample_items), len(dataset))
-    )
+        datamodule.num_workers = workers = options.workers
+    indices = random.Random(cfg.seed).sample(range(len(dataset)), min(options.sample_items, len(dataset)))
     # ipc is timed when batches will cross processes (workers > 0, or a sweep that includes workers)
     breakdown = stage_breakdown(
         dataset, datamodule.collate, indices, batch_size, workers=int(workers or sweep_mode)
@@ -95,28 +94,27 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
             task = progress.add_task(label, total=batches if options.seconds is None else None)
             loader = datamodule.train_dataloader()
             return measure_loader(
-                loader, batches, options.seconds, int(options.warmup), lambda n: progress.advance(task, n)
+                loader, batches, options.seconds, options.warmup, lambda n: progress.advance(task, n)
             )
 
         sweep = None
         if sweep_mode:
             sweep = {
-                w: run(w, int(options.sweep_batches), f"num_workers={w}")["samples_per_s"]
-                for w in range(cpus + 1)
+                w: run(w, options.sweep_batches, f"num_workers={w}")["samples_per_s"] for w in range(cpus + 1)
             }
             workers = recommend_workers(sweep)
-        loader = run(workers, int(options.batches), f"measuring with num_workers={workers}")
+        loader = run(workers, options.batches, f"measuring with num_workers={workers}")
         anchor = None
         if options.anchor:
-            task = progress.add_task("torchvision ImageFolder (the anchor)", total=int(options.batches))
+            task = progress.add_task("torchvision ImageFolder (the anchor)", total=options.batches)
             anchor_loader = imagefolder_loader(
                 anchor_root(datamodule.source), datamodule.transforms.train, batch_size, workers
             )
             anchor = measure_loader(
                 anchor_loader,
-                int(options.batches),
+                options.batches,
                 options.seconds,
-                int(options.warmup),
+                options.warmup,
                 lambda n: progress.advance(task, n),
             )
             anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
@@ -149,6 +147,16 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         f", drawn in {options.plot_path}" if options.plot_path else "",
     )
     return result
+
+
+def bench_options(cfg: DictConfig) -> BenchOptions:
+    """``cfg.bench``, checked before any work starts: a value out of range is an error naming its key."""
+    node = cfg.get("bench") or {}
+    values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    unknown = sorted(set(values) - set(BenchOptions.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(f'bench.{k}' for k in unknown)}: see conf/bench.yaml")
+    return BenchOptions(**values).check(available_cpus())
 
 
 def first_batches(datamodule, startup: StartupClock) -> None:

@@ -5,13 +5,17 @@ prints them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from feedline.transforms.deferred import PendingCrop
+
+log = logging.getLogger(__name__)
 
 # "crop": a train stack's crop and flip that the collate finishes (``transforms.deferred``), timed apart from
 # the collate proper, so a stack folded into the collate is not mistaken for collate cost.
@@ -23,6 +27,22 @@ clock = time.perf_counter
 
 def _nbytes(payload) -> int:
     return int(getattr(payload, "nbytes", None) or len(payload))
+
+
+_MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"))
+
+
+def payload_format(payload) -> str:
+    """What the source hands the decoder: "jpeg", "png", "other" (encoded bytes of another format), or "raw"
+    (a pixel array: nothing to decode)."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        head = bytes(payload[:8])
+    else:
+        array = np.asarray(payload)
+        if array.ndim != 1 or array.dtype != np.uint8:
+            return "raw"
+        head = array[:8].tobytes()
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "other")
 
 
 def measure_loader(
@@ -49,6 +69,14 @@ def measure_loader(
     elapsed = clock() - start
     if done == 0:
         raise ValueError("no batches left after the warm-up: lower bench.warmup or use more data")
+    if (done < batches) if seconds is None else (elapsed < seconds):
+        asked = f"bench.seconds={seconds}" if seconds is not None else f"bench.batches={batches}"
+        log.warning(
+            "the train split ran out after %d batch(es) (%.2f s) past the warm-up: measured those, not %s",
+            done,
+            elapsed,
+            asked,
+        )
     return {
         "samples": samples,
         "batches": done,
@@ -73,11 +101,11 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
     collate and, when there are workers, ipc (moving the batch into a fresh shared-memory segment, as torch
     does for a batch not already in one; none for a collate that reuses its own shared buffers, such as
     collate=uint8); then the same items end to end. Returns seconds per sample for each stage, their
-    shares, the end-to-end time, the payload size and the stages that ran."""
+    shares, the end-to-end time, the payload size, the payload formats and the stages that ran."""
     # A collate that reuses shared-memory buffers writes each batch where it crosses: nothing to ship.
     shipped = workers > 0 and not getattr(collate, "reuse_buffers", False)
     seconds = dict.fromkeys(STAGES, 0.0)
-    payload_bytes, samples = 0, []
+    payload_bytes, samples, formats = 0, [], {}
     for chunk in _chunks(indices, batch_size):  # read as the loader does: a batch at a time where it can
         t0 = clock()
         items = dataset.read_many(chunk)
@@ -91,6 +119,8 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
             seconds["decode"] += t2 - t1
             seconds["transform"] += t3 - t2
             payload_bytes += _nbytes(payload)
+            kind = payload_format(payload)
+            formats[kind] = formats.get(kind, 0) + 1
             samples.append((image, label))
     deferred = any(isinstance(image, PendingCrop) for image, _ in samples)
     for chunk in _chunks(samples, batch_size):
@@ -124,6 +154,7 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
         "stages_sum_s": stages_sum,
         "end_to_end_s": total / n,
         "payload_bytes": payload_bytes / n,
+        "formats": formats,  # items per payload format (payload_format): the advice has to fit them
         "stages_run": [
             stage for stage in STAGES if (stage != "ipc" or shipped) and (stage != "crop" or deferred)
         ],

@@ -6,33 +6,76 @@ The rules, in order:
 - collate- or IPC-bound: collate or ipc (a worker moving its batch into shared memory) takes the largest
   share, or the loader delivers far less than its workers could produce (the main process is the limit);
 - decode-bound / transform-bound: the largest share, when neither of the above holds.
+
+What to try comes from ``SUGGEST``, filtered by the payload formats measured: no JPEG advice for PNGs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One thing to try. ``formats``: the payload formats it helps with (``loader_bench.payload_format``:
+    jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out."""
+
+    text: str
+    formats: frozenset[str] | None = None
+
+    def fits(self, measured: dict | None) -> bool:
+        return self.formats is None or not measured or bool(self.formats & set(measured))
+
+
+JPEG, ENCODED = frozenset({"jpeg"}), frozenset({"jpeg", "png", "other"})
+NOT_JPEG = frozenset({"png", "other"})
+
+# Per verdict, in the order they are offered; what does not fit the formats measured is left out, so a PNG
+# tree's decode-bound advice leads with raw pixels, not with JPEG's reduced decode.
 SUGGEST = {
     "I/O-bound": [
-        "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
-        "shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256",
-        "put the data on local disk or in page cache; raise data.prefetch_factor to hide latency",
+        Advice(
+            "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5"
+        ),
+        Advice("shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256"),
+        Advice("put the data on local disk or in page cache; raise data.prefetch_factor to hide latency"),
     ],
     "decode-bound": [
-        "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
-        "re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5",
-        "skip decoding entirely: python convert.py ... out.mode=raw out.max_side=256, then source=hdf5",
-        "more workers, if CPUs are free (bench.workers=sweep shows the curve)",
+        Advice(
+            "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
+            JPEG,
+        ),
+        Advice("re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5", JPEG),
+        Advice(
+            "skip decoding entirely: python convert.py ... out.mode=raw out.max_side=256, then source=hdf5",
+            ENCODED,
+        ),
+        Advice(
+            "or re-encode as JPEG once: python convert.py ... out.max_side=256 re-encodes each image larger than "
+            "that at out.quality (lossy; smaller ones keep their bytes), then source=hdf5",
+            NOT_JPEG,
+        ),
+        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)"),
     ],
     "transform-bound": [
-        "move batch-level work to the device: the transforms.batch stack runs after the transfer",
-        "keep per-sample transforms on uint8 tensors; crop before resizing; drop transforms that do not pay",
-        "more workers, if CPUs are free (bench.workers=sweep shows the curve)",
+        Advice("move batch-level work to the device: the transforms.batch stack runs after the transfer"),
+        Advice(
+            "keep per-sample transforms on uint8 tensors; crop before resizing; drop transforms that do not pay"
+        ),
+        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)"),
     ],
     "collate/IPC-bound": [
-        "collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32",
-        "convert to float and normalise on the device (transforms.batch), not in the workers",
-        "larger data.batch_size means fewer, bigger messages between processes",
+        Advice("collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32"),
+        Advice("convert to float and normalise on the device (transforms.batch), not in the workers"),
+        Advice("larger data.batch_size means fewer, bigger messages between processes"),
     ],
 }
+
+
+def suggestions(verdict: str, formats: dict | None = None) -> list[str]:
+    """What to try for ``verdict``, keeping the advice that fits the payload formats measured."""
+    return [advice.text for advice in SUGGEST[verdict] if advice.fits(formats)]
+
 
 FLAT_GAIN = 1.25  # a sweep whose best rate is below this multiple of the 1-worker rate is flat
 IPC_EFFICIENCY = 0.5  # a loader below this share of its workers' in-process capacity is IPC-bound
@@ -76,7 +119,7 @@ def diagnose(
     return {
         "verdict": verdict,
         "reasons": reasons,
-        "suggestions": SUGGEST[verdict],
+        "suggestions": suggestions(verdict, breakdown.get("formats")),
         "loader_efficiency": efficiency,
     }
 

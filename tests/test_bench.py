@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
+from hydra.errors import ConfigCompositionException
 
 from feedline.bench import bench
 from feedline.transforms.collate import Uint8Collate
@@ -99,6 +101,58 @@ def test_verdict_rules():
     shipping = breakdown(read=0.1, decode=0.2, transform=0.1, collate=0.1, ipc=0.5)
     assert diagnose(shipping, 1000, 1, 2)["verdict"] == "collate/IPC-bound"
     assert recommend_workers({0: 100.0, 1: 180.0, 2: 330.0, 3: 340.0}) == 2
+
+
+def test_decode_bound_advice_fits_the_formats_measured(make_cfg, tmp_path):
+    from feedline.diagnostics.verdict import diagnose
+
+    measured = run(make_cfg, tmp_path, SLEEP)["breakdown"]["formats"]
+    assert measured == {"png": 24}  # simple_tree writes PNGs
+
+    def advice(formats):
+        share = {"read": 0.1, "decode": 0.7, "transform": 0.1, "collate": 0.1}
+        verdict = diagnose({"share": share, "end_to_end_s": 0.001, "formats": formats}, 1000, 1, 2)
+        assert verdict["verdict"] == "decode-bound"
+        return verdict["suggestions"]
+
+    png = advice(measured)
+    assert png[0].startswith("skip decoding entirely") and not any("JPEGs decode" in s for s in png)
+    assert advice({"jpeg": 24})[0].startswith("keep data.reduced_decode=true")
+    assert any("JPEGs decode" in s for s in advice({"jpeg": 20, "png": 4}))  # a mixed tree: both kinds
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("bench.batches=0", r"bench\.batches=0 must be an integer >= 1"),
+        ("bench.seconds=-1", r"bench\.seconds=-1\.0 must be a number of seconds > 0"),
+        ("bench.seconds=nan", r"bench\.seconds=nan must be"),
+        ("bench.sample_items=0", r"bench\.sample_items=0 must be an integer >= 1"),
+        ("bench.sweep_batches=-2", r"bench\.sweep_batches=-2 must be an integer >= 1"),
+        ("bench.warmup=-1", r"bench\.warmup=-1 must be an integer >= 0"),
+        ("bench.workers=abc", r"bench\.workers='abc' must be an integer >= 0, 'sweep' .* or null"),
+        ("bench.workers=-1", r"bench\.workers=-1 must be an integer >= 0"),
+        ("bench.workers=100000", r"bench\.workers=100000 is more than 8 worker processes per CPU"),
+    ],
+)
+def test_bench_values_out_of_range_are_refused_by_key_before_any_work(make_cfg, tmp_path, override, said):
+    with pytest.raises(ValueError, match=said):
+        run(make_cfg, tmp_path, override)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "bench.json").exists()  # nothing built
+
+
+@pytest.mark.parametrize("override", ["bench.batches=abc", "bench.batchs=3", "bench.model_step=maybe"])
+def test_bench_keys_of_the_wrong_type_or_name_fail_at_composition(make_cfg, override):
+    with pytest.raises(ConfigCompositionException) as err:
+        make_cfg(override, config="bench")
+    assert override.split("=")[0] in str(err.value) + str(err.value.__cause__)
+
+
+def test_a_split_that_runs_out_before_the_batches_asked_for_is_said(make_cfg, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        result = run(make_cfg, tmp_path, SLEEP, "bench.batches=1000")  # 27 training samples: 7 batches of 4
+    assert result["loader"]["batches"] == 6  # after one warm-up batch
+    assert "ran out after 6 batch(es)" in caplog.text and "not bench.batches=1000" in caplog.text
 
 
 @pytest.mark.slow
