@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from feedline.callbacks.throughput import ThroughputMonitor
 from feedline.cli.checkpoints import resolve_ckpt_path
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
+from feedline.cli.run_dir import own_run_dir
 from feedline.cli.trainer_keys import check_trainer_keys
 
 log = logging.getLogger("feedline")
@@ -31,6 +32,12 @@ def train(cfg: DictConfig) -> dict:
     """Fit ``cfg.model`` on ``cfg.data``; returns the run summary."""
     require(cfg, "source", "model")
     check_trainer_keys(cfg.trainer)  # before any work: Lightning rejects some of them only mid-fit
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.paths.output_dir)
+    with own_run_dir(cfg.paths.output_dir, ckpt_path):  # one run at a time; no fresh start over checkpoints
+        return _fit(cfg, ckpt_path)
+
+
+def _fit(cfg: DictConfig, ckpt_path: str | None) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")
     datamodule.check_stages("fit")  # a missing or empty split fails here, before the model and trainer
@@ -39,7 +46,6 @@ def train(cfg: DictConfig) -> dict:
     loggers = instantiate_all(cfg.get("logger"), "logger")
     trainer = instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     check_launch(trainer)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer.default_root_dir)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
