@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from feedline.callbacks.throughput import ThroughputMonitor
 from feedline.cli.checkpoints import resolve_ckpt_path
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
+from feedline.cli.run_dir import own_run_dir
 from feedline.cli.trainer_keys import check_trainer_keys, trainer_arguments
 
 log = logging.getLogger("feedline")
@@ -34,6 +35,12 @@ def train(cfg: DictConfig) -> dict:
     require(cfg, "source", "model")
     # before any work: Lightning rejects some values only mid-fit, and a misspelt key with a bare TypeError
     check_trainer_keys(cfg.trainer, trainer_arguments(cfg.trainer))
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.paths.output_dir)
+    with own_run_dir(cfg.paths.output_dir, ckpt_path):  # one run at a time; no fresh start over checkpoints
+        return _fit(cfg, ckpt_path, job_started)
+
+
+def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")
     datamodule.check_stages("fit")  # a missing or empty split fails here, before the model and trainer
@@ -46,7 +53,6 @@ def train(cfg: DictConfig) -> dict:
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if throughput is not None and in_sweep:  # a sweep's jobs share one process: time each from its own start
         throughput.started = job_started
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer.default_root_dir)
     # feedline's checkpoints are the run's own files, holding the datamodule's config beside the weights
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
 

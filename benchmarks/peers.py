@@ -23,6 +23,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -278,6 +279,7 @@ def measure_train(data: dict, args) -> dict:
     """feedline's train.py on the same tree and work, for its start-up alone: one optimizer step, the
     first batch's time (from the process's start) read from the run's summary."""
     out = os.path.join(args.data_dir, "train-startup")
+    shutil.rmtree(out, ignore_errors=True)  # each round a fresh run: train.py refuses one over checkpoints
     command = [
         sys.executable,
         os.path.join(ROOT, "train.py"),

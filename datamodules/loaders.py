@@ -36,6 +36,7 @@ from feedline.datamodules.knobs import (
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
+from feedline.datamodules.predict import PredictLoader
 from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, check_resume_mode
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
@@ -350,6 +351,7 @@ class ImageLoaders:
         dataset = self._split(split)
         dataset.share_bad_samples()
         settings = self.loader_settings()
-        if split == "predict":
+        if split == "predict":  # batches name their files; one of unreadable files only is skipped
             settings["collate_fn"] = WithPaths(settings["collate_fn"])
+            return PredictLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)
         return DataLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.data import extract_batch_size
 from PIL import Image
 from torchvision.transforms import v2
@@ -134,6 +135,47 @@ def test_a_bad_file_in_predict_is_named_and_left_out_never_filed_under_another_p
     strict = ImageDataModule(FolderSource(tree), num_workers=0, predict_root=root, on_bad_sample="raise")
     with pytest.raises(BadSampleError, match="z.png"):
         list(strict.predict_dataloader())
+
+
+class Paths(L.LightningModule):
+    def predict_step(self, batch, batch_idx):
+        return batch.paths
+
+
+class IndicesOfEachBatch(BasePredictionWriter):
+    def __init__(self):
+        super().__init__("batch")
+        self.written = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dl_idx):
+        self.written.append((list(batch_indices), prediction))
+
+
+@pytest.mark.parametrize("batch_size, workers", [(1, 0), (2, 0), (3, 0), (1, 2), (2, 2)])
+def test_a_predict_batch_of_unreadable_files_only_is_skipped_and_every_other_file_predicted_once(
+    tree, unlabeled, batch_size, workers
+):
+    """Sorted, the files are 0, a/c/d, a/c/e, a/z, b, c: a/c/e and a/z unreadable make a batch of their own
+    at batch_size=2, two at batch_size=1, and cost two batches a file each at batch_size=3."""
+    root, values = unlabeled
+    bad = [os.path.join(root, "a", "c", "e.png"), os.path.join(root, "a", "z.png")]
+    for path in bad:
+        with open(path, "wb") as f:
+            f.write(b"not a png")
+    dm = ImageDataModule(
+        FolderSource(tree),
+        batch_size=batch_size,
+        num_workers=workers,
+        predict_root=root,
+        max_bad_fraction=0.5,
+    )
+    writer = IndicesOfEachBatch()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[writer])
+    predicted = [p for paths in trainer.predict(Paths(), datamodule=dm) for p in paths]
+    assert predicted == sorted(set(values) - set(bad))  # each once, in path order, none lost after the bad
+    files = sorted(values)
+    for indices, paths in writer.written:  # a writer's indices are still each batch's own
+        assert [files[i] for i in indices] == list(paths)
 
 
 def test_a_held_out_share_that_rounds_to_nothing_is_named(tree):

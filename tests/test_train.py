@@ -60,3 +60,27 @@ def test_reused_batch_buffers_train_exactly_like_fresh_ones(make_cfg, tmp_path):
         summary = train(cfg)
         results.append((summary["metrics"]["train/loss"], summary["val_acc"]))
     assert results[0] == results[1]
+
+
+def test_a_second_run_into_a_directory_in_use_stops_at_once_naming_the_first(make_cfg, tree, tmp_path):
+    from feedline.cli.run_dir import own_run_dir
+
+    cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", "transforms=digits")
+    in_use = rf"is in use by another run \(pid {os.getpid()} on "
+    with own_run_dir(str(tmp_path / "out"), None), pytest.raises(BlockingIOError, match=in_use):
+        train(cfg)  # a first run holds tmp_path/out
+    assert not (tmp_path / "cache" / "folder-index").exists()  # refused before any work
+    assert train(cfg)["metrics"]["train/loss"] > 0  # the first run has ended: the directory is free
+
+
+def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(make_cfg, tree, tmp_path):
+    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's")
+    cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", "transforms=digits")
+    with pytest.raises(FileExistsError, match=r"checkpoints of an earlier run .*last\.ckpt.*ckpt_path=last"):
+        train(cfg)
+    assert (tmp_path / "out" / "checkpoints" / "last.ckpt").read_bytes() == b"an earlier run's"
+    elsewhere = make_cfg(
+        *FAST, "source=folder", f"source.root={tree}", f"paths.output_dir={tmp_path / 'new'}"
+    )
+    assert train(elsewhere)["metrics"]["train/loss"] > 0

@@ -152,17 +152,17 @@ class PadCollate(Collate):
 class WithPaths(Collate):
     """Any collate, for samples that carry their file's path (``(image, label, path)``, predict): the
     wrapped collate stacks ``(image, label)`` as usual and the batch carries the paths, in batch order.
-    A sample that is None (a file that could not be read) is left out: that batch is smaller."""
+    A sample that is None (a file that could not be read) is left out: that batch is smaller. When none is
+    left (every file of the batch unreadable) the batch is None, which feedline's predict loader skips
+    (``datamodules.predict``)."""
 
     def __init__(self, collate):
         self.collate = collate
 
-    def __call__(self, samples) -> Batch:
+    def __call__(self, samples) -> Batch | None:
         samples = [s for s in samples if s is not None]  # files that could not be read: left out, and logged
         if not samples:
-            raise RuntimeError(
-                "every file of this predict batch is unreadable (their paths are in the log above)"
-            )
+            return None  # their paths are in the log already
         batch = self.collate([s[:2] for s in samples])
         if not isinstance(batch, Batch):
             raise TypeError(
