@@ -22,6 +22,7 @@ from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader
 from feedline.diagnostics.drawing import draw_bench
+from feedline.diagnostics.in_force import in_force
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.options import SWEEP, BenchOptions
 from feedline.diagnostics.report import print_report
@@ -73,6 +74,8 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     workers, batch_size, cpus = settings["num_workers"], settings["batch_size"], available_cpus()
 
     sweep_mode = options.workers == SWEEP
+    if sweep_mode:
+        check_sweep_size(len(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
     if options.workers is not None and not sweep_mode:
         datamodule.num_workers = workers = options.workers
     indices = random.Random(cfg.seed).sample(range(len(dataset)), min(options.sample_items, len(dataset)))
@@ -130,10 +133,13 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         "sweep": sweep,
         "anchor": anchor,
         "recommended_workers": recommend_workers(sweep) if sweep else None,
-        "verdict": diagnose(breakdown, loader["samples_per_s"], workers, cpus, sweep),
     }
     if options.model_step:
         result["model"] = _model_step(cfg, datamodule, loader["samples_per_s"], batch_size)
+    done = in_force(datamodule, workers, cpus)
+    result["verdict"] = diagnose(
+        breakdown, loader["samples_per_s"], workers, cpus, sweep, result.get("model"), done
+    )
     if show:
         print_report(result)
     write_json(options.json_path, result)
@@ -157,6 +163,21 @@ def bench_options(cfg: DictConfig) -> BenchOptions:
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'bench.{k}' for k in unknown)}: see conf/bench.yaml")
     return BenchOptions(**values).check(available_cpus())
+
+
+def check_sweep_size(samples: int, batch_size: int, options, cpus: int, prefetch_factor: int | None) -> None:
+    """A sweep point times ``bench.sweep_batches`` batches of one epoch after ``bench.warmup``; the batches
+    that n workers prefetch come ready-made, so an epoch shorter than all of them measures start-up and
+    prefetch rather than the rate (a 270-sample epoch "scales" 3.3x from one worker to two)."""
+    prefetched = cpus * (prefetch_factor or 2)
+    needed = (options.warmup + options.sweep_batches + prefetched) * batch_size
+    if samples < needed:
+        raise ValueError(
+            f"bench.workers=sweep needs at least {needed} training samples to measure each worker count "
+            f"(bench.warmup={options.warmup} + bench.sweep_batches={options.sweep_batches} batches + the "
+            f"{prefetched} that {cpus} workers prefetch, of data.batch_size={batch_size}); this train split has "
+            f"{samples}: use more data, or lower bench.sweep_batches or data.batch_size"
+        )
 
 
 def first_batches(datamodule, startup: StartupClock) -> None:

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # "crop": a train stack's crop and flip that the collate finishes (``transforms.deferred``), timed apart from
 # the collate proper, so a stack folded into the collate is not mistaken for collate cost.
 STAGES = ("read", "decode", "transform", "crop", "collate", "ipc")
+STAGE_NAMES = {"crop": "crop (done in collate)"}  # how the report, the picture and the verdict name a stage
 
 # Every duration here is read from this clock; tests replace it with one that only sleepy stages advance.
 clock = time.perf_counter

@@ -25,7 +25,9 @@ class BenchOptions:
     workers: Any = None  # null: data.num_workers | an integer >= 0 | sweep: 0, 1, 2, ... up to the CPU count
     sweep_batches: int = 20  # batches per point of the sweep
     model_step: bool = False  # true: also time one training step of the model on the trainer's device
-    anchor: bool = False  # true: also time torchvision's ImageFolder on the same class folders (folder sources)
+    anchor: bool = (
+        False  # true: also time torchvision's ImageFolder on the same class folders (folder sources)
+    )
     json_path: Optional[str] = None  # noqa: UP045 - where the result is written as JSON; null: nowhere
     plot_path: Optional[str] = None  # noqa: UP045 - where the result is drawn (PNG); null: not drawn
 

@@ -5,25 +5,36 @@ The rules, in order:
   (the disk or the network is the ceiling, not the CPUs);
 - collate- or IPC-bound: collate or ipc (a worker moving its batch into shared memory) takes the largest
   share, or the loader delivers far less than its workers could produce (the main process is the limit);
-- decode-bound / transform-bound: the largest share, when neither of the above holds.
+- decode-bound / transform-bound: the largest share, when neither of the above holds (a crop the collate
+  finishes is transform work).
+Before all of these, when the model's step was measured: model-bound, when the loader delivers a batch in no
+more time than the step takes (the loader is not what the device waits for).
 
-What to try comes from ``SUGGEST``, filtered by the payload formats measured: no JPEG advice for PNGs.
+What to try comes from ``SUGGEST``, filtered by the payload formats measured (no JPEG advice for PNGs) and by
+what the pipeline already does (``in_force.py``: never "set collate=uint8" to a run that has it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from feedline.diagnostics.in_force import EVERY_CPU, FLOAT_ON_DEVICE, ONE_FILE, REDUCED_DECODE, UINT8_BATCHES
+from feedline.diagnostics.loader_bench import STAGE_NAMES
+
 
 @dataclass(frozen=True)
 class Advice:
     """One thing to try. ``formats``: the payload formats it helps with (``loader_bench.payload_format``:
-    jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out."""
+    jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out, and so is
+    advice whose ``moot_if`` (an ``in_force`` name) the pipeline already does."""
 
     text: str
     formats: frozenset[str] | None = None
+    moot_if: str | None = None
 
-    def fits(self, measured: dict | None) -> bool:
+    def fits(self, measured: dict | None, done: set[str] = frozenset()) -> bool:
+        if self.moot_if is not None and self.moot_if in done:
+            return False
         return self.formats is None or not measured or bool(self.formats & set(measured))
 
 
@@ -35,7 +46,8 @@ NOT_JPEG = frozenset({"png", "other"})
 SUGGEST = {
     "I/O-bound": [
         Advice(
-            "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5"
+            "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
+            moot_if=ONE_FILE,
         ),
         Advice("shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256"),
         Advice("put the data on local disk or in page cache; raise data.prefetch_factor to hide latency"),
@@ -44,6 +56,7 @@ SUGGEST = {
         Advice(
             "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
             JPEG,
+            moot_if=REDUCED_DECODE,
         ),
         Advice("re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5", JPEG),
         Advice(
@@ -55,26 +68,43 @@ SUGGEST = {
             "that at out.quality (lossy; smaller ones keep their bytes), then source=hdf5",
             NOT_JPEG,
         ),
-        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)"),
+        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=EVERY_CPU),
     ],
     "transform-bound": [
         Advice("move batch-level work to the device: the transforms.batch stack runs after the transfer"),
         Advice(
             "keep per-sample transforms on uint8 tensors; crop before resizing; drop transforms that do not pay"
         ),
-        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)"),
+        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=EVERY_CPU),
     ],
     "collate/IPC-bound": [
-        Advice("collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32"),
-        Advice("convert to float and normalise on the device (transforms.batch), not in the workers"),
+        Advice(
+            "collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32",
+            moot_if=UINT8_BATCHES,
+        ),
+        Advice(
+            "convert to float and normalise on the device (transforms.batch), not in the workers",
+            moot_if=FLOAT_ON_DEVICE,
+        ),
         Advice("larger data.batch_size means fewer, bigger messages between processes"),
+    ],
+    "model-bound": [
+        Advice(
+            "the data pipeline is not what the device waits for: speed up the step itself (trainer.precision="
+            "bf16-mixed or 16-mixed on a GPU, data.memory_format=channels_last for convolutions, a faster device)"
+        ),
+        Advice(
+            "the loader has time to spare: stronger per-sample augmentation costs no step time until it fills it"
+        ),
+        Advice("fewer workers would keep up too (bench.workers=sweep shows the curve), freeing CPUs"),
     ],
 }
 
 
-def suggestions(verdict: str, formats: dict | None = None) -> list[str]:
-    """What to try for ``verdict``, keeping the advice that fits the payload formats measured."""
-    return [advice.text for advice in SUGGEST[verdict] if advice.fits(formats)]
+def suggestions(verdict: str, formats: dict | None = None, done: set[str] = frozenset()) -> list[str]:
+    """What to try for ``verdict``: the advice that fits the payload formats measured and that the pipeline
+    does not already follow (``done``: ``in_force`` names)."""
+    return [advice.text for advice in SUGGEST[verdict] if advice.fits(formats, done)]
 
 
 FLAT_GAIN = 1.25  # a sweep whose best rate is below this multiple of the 1-worker rate is flat
@@ -82,13 +112,20 @@ IPC_EFFICIENCY = 0.5  # a loader below this share of its workers' in-process cap
 
 
 def diagnose(
-    breakdown: dict, rate: float, workers: int, cpus: int, sweep: dict[int, float] | None = None
+    breakdown: dict,
+    rate: float,
+    workers: int,
+    cpus: int,
+    sweep: dict[int, float] | None = None,
+    model: dict | None = None,
+    done: set[str] = frozenset(),
 ) -> dict:
-    """The verdict, the reasons for it and the suggestions; see the module docstring for the rules."""
+    """The verdict, the reasons for it and the suggestions; see the module docstring for the rules.
+    ``model``: the measured step (``step_s``, ``loader_batch_s``, ``device``); ``done``: ``in_force`` names."""
     share = breakdown["share"]
     top = max(share, key=share.get)
     reasons = [
-        f"{stage} takes {share[stage]:.0%} of a sample's time"
+        f"{STAGE_NAMES.get(stage, stage)} takes {share[stage]:.0%} of a sample's time"
         for stage in sorted(share, key=share.get, reverse=True)
         if share[stage] > 0  # ipc is 0 without workers, or with a collate that reuses its buffers
     ]
@@ -104,7 +141,15 @@ def diagnose(
                 0, f"throughput stays flat as workers increase ({sweep[1]:.0f} -> {best:.0f} samples/s)"
             )
 
-    if top == "read" or flat:
+    if model and model["loader_batch_s"] <= model["step_s"]:
+        verdict = "model-bound"
+        reasons.insert(
+            0,
+            f"the model's step takes {model['step_s'] * 1e3:.1f} ms on {model['device']} and the loader delivers a "
+            f"batch every {model['loader_batch_s'] * 1e3:.1f} ms: the loader keeps up; the shares below are "
+            "where the loader's own time goes",
+        )
+    elif top == "read" or flat:
         verdict = "I/O-bound"
     elif top in ("collate", "ipc") or (workers > 0 and efficiency < IPC_EFFICIENCY):
         verdict = "collate/IPC-bound"
@@ -119,7 +164,8 @@ def diagnose(
     return {
         "verdict": verdict,
         "reasons": reasons,
-        "suggestions": suggestions(verdict, breakdown.get("formats")),
+        "suggestions": suggestions(verdict, breakdown.get("formats"), done),
+        "in_force": sorted(done),
         "loader_efficiency": efficiency,
     }
 

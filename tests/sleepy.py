@@ -7,6 +7,8 @@ then measures zero, so the shares and the verdict come out the same on a busy ma
 
 from __future__ import annotations
 
+import torch
+
 from feedline.datasets.folder import FolderSource
 
 
@@ -59,3 +61,16 @@ class Sleep:
     def __call__(self, image):
         CLOCK.advance(self.seconds)
         return image
+
+
+class SlowNet(torch.nn.Module):
+    """A network (``model.net``) whose forward takes ``seconds`` per step: a model slower than the loader."""
+
+    def __init__(self, num_classes: int, seconds: float = 1.0, **_):
+        super().__init__()
+        self.seconds = seconds
+        self.head = torch.nn.LazyLinear(num_classes)
+
+    def forward(self, x):
+        CLOCK.advance(self.seconds)
+        return self.head(x.flatten(1))

@@ -1,0 +1,41 @@
+"""What a pipeline already does, so that ``bench.py`` never advises it (``verdict.Advice.moot_if``).
+
+Each name is read from the built loaders, not from the config's spelling, so a user's own stack that does the
+same counts too.
+"""
+
+from __future__ import annotations
+
+from torchvision.transforms import v2
+
+from feedline.transforms.reduce import minimum_size
+
+REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or RandomResizedCrop first
+UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused shared memory
+FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
+ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files
+EVERY_CPU = "every cpu"  # the loader already has a worker per CPU
+
+
+def in_force(datamodule, workers: int, cpus: int) -> set[str]:
+    """The names above that hold for ``datamodule``'s train loader with ``workers`` workers."""
+    train = datamodule.transforms.train
+    found = set()
+    if datamodule.reduced_decode and train is not None and minimum_size(train) is not None:
+        found.add(REDUCED_DECODE)
+    if getattr(datamodule.collate, "reuse_buffers", False):
+        found.add(UINT8_BATCHES)
+    if not any(isinstance(t, (v2.ToDtype, v2.Normalize)) for t in _steps(train)):
+        found.add(FLOAT_ON_DEVICE)
+    if type(datamodule.source).__name__ == "HDF5Source":
+        found.add(ONE_FILE)
+    if workers >= cpus:
+        found.add(EVERY_CPU)
+    return found
+
+
+def _steps(stack) -> list:
+    if stack is None:
+        return []
+    inner = getattr(stack, "transforms", None)
+    return [step for t in inner for step in _steps(t)] if isinstance(inner, (list, tuple)) else [stack]

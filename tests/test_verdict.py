@@ -1,0 +1,131 @@
+"""bench.py's verdict matches the run: each situation built on purpose, on fake time (no assertion depends on
+the machine's load)."""
+
+from __future__ import annotations
+
+import pytest
+
+from feedline.bench import bench
+from feedline.diagnostics.in_force import EVERY_CPU, FLOAT_ON_DEVICE, ONE_FILE, REDUCED_DECODE, UINT8_BATCHES
+from feedline.diagnostics.verdict import diagnose
+from tests.helpers import simple_tree
+
+QUICK = [
+    "bench.batches=3",
+    "bench.warmup=1",
+    "bench.sample_items=12",
+    "data.batch_size=4",
+    "data.num_workers=0",
+]
+SLEEP = "transforms.train=[{_target_: tests.sleepy.Sleep, seconds: 0.008}]"
+
+
+@pytest.fixture(autouse=True)
+def _fake_clock(monkeypatch):
+    import feedline.diagnostics.loader_bench as loader_bench
+    from tests.sleepy import CLOCK
+
+    monkeypatch.setattr(loader_bench, "clock", CLOCK)
+
+
+def run(make_cfg, tmp_path, *overrides, per_class=8, ext=".png"):
+    tree = simple_tree(tmp_path / "tree", per_class=per_class, ext=ext)
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={tree}",
+        "transforms=none",
+        *QUICK,
+        f"bench.json_path={tmp_path / 'bench.json'}",
+        "bench.plot_path=null",
+        *overrides,
+        config="bench",
+    )
+    return bench(cfg, show=False)
+
+
+def test_a_model_slower_than_the_loader_is_model_bound(make_cfg, tmp_path):
+    result = run(
+        make_cfg,
+        tmp_path,
+        SLEEP,
+        "bench.model_step=true",
+        "model.net._target_=tests.sleepy.SlowNet",
+        "+model.net.seconds=1.0",
+    )
+    verdict = result["verdict"]
+    assert result["model"]["step_s"] == pytest.approx(1.0)
+    assert verdict["verdict"] == "model-bound", verdict
+    assert "keeps up" in verdict["reasons"][0]
+    assert not any(
+        "convert.py" in s for s in verdict["suggestions"]
+    )  # no data advice when data is not the limit
+
+
+def test_a_loader_slower_than_the_model_keeps_its_data_verdict(make_cfg, tmp_path):
+    result = run(
+        make_cfg,
+        tmp_path,
+        SLEEP,
+        "bench.model_step=true",
+        "model.net._target_=tests.sleepy.SlowNet",
+        "+model.net.seconds=0.001",
+    )
+    assert result["verdict"]["verdict"] == "transform-bound"
+
+
+def _breakdown(**share):
+    return {"share": share, "end_to_end_s": 0.001, "formats": {"jpeg": 10}}
+
+
+def test_advice_already_in_force_is_never_given():
+    decode = _breakdown(read=0.1, decode=0.7, transform=0.1, collate=0.1)
+    fresh = diagnose(decode, 1000, 1, 2)["suggestions"]
+    assert any("reduced_decode" in s for s in fresh) and any("more workers" in s for s in fresh)
+    done = diagnose(decode, 1000, 2, 2, done={REDUCED_DECODE, EVERY_CPU})["suggestions"]
+    assert not any("reduced_decode" in s or "more workers" in s for s in done), done
+
+    collate = _breakdown(read=0.1, decode=0.1, transform=0.1, collate=0.7)
+    fresh = diagnose(collate, 1000, 1, 2)["suggestions"]
+    assert any("collate=uint8" in s for s in fresh) and any("on the device" in s for s in fresh)
+    done = diagnose(collate, 1000, 1, 2, done={UINT8_BATCHES, FLOAT_ON_DEVICE})["suggestions"]
+    assert not any("collate=uint8" in s or "on the device" in s for s in done), done
+
+    io = _breakdown(read=0.8, decode=0.1, transform=0.05, collate=0.05)
+    assert any("convert.py" in s and "train.h5" in s for s in diagnose(io, 100, 1, 2)["suggestions"])
+    assert not any("train.h5" in s for s in diagnose(io, 100, 1, 2, done={ONE_FILE})["suggestions"])
+
+
+def test_bench_reads_what_the_pipeline_already_does(make_cfg, tmp_path):
+    crop = (
+        "transforms.train=[{_target_: feedline.transforms.crop.RandomResizedCrop, size: 8},"
+        " {_target_: tests.sleepy.Sleep, seconds: 0.008}]"
+    )
+    result = run(make_cfg, tmp_path, crop, "collate=uint8", "data.reduced_decode=true")
+    assert {REDUCED_DECODE, UINT8_BATCHES, FLOAT_ON_DEVICE} <= set(result["verdict"]["in_force"])
+    result = run(make_cfg, tmp_path, SLEEP, "collate=default", "data.reduced_decode=false")
+    assert not {REDUCED_DECODE, UINT8_BATCHES} & set(result["verdict"]["in_force"])
+
+
+def test_a_decode_bound_png_tree_gets_no_jpeg_advice(make_cfg, tmp_path, monkeypatch):
+    import feedline.datamodules.samples as samples
+    from tests.sleepy import CLOCK
+
+    decode = samples.SampleDataset.decode
+
+    def slow_decode(self, payload):
+        CLOCK.advance(0.01)  # large PNGs: decoding is the cost
+        return decode(self, payload)
+
+    monkeypatch.setattr(samples.SampleDataset, "decode", slow_decode)
+    result = run(make_cfg, tmp_path, ext=".png")
+    verdict = result["verdict"]
+    assert verdict["verdict"] == "decode-bound"
+    assert not any("reduced_decode" in s for s in verdict["suggestions"]), verdict  # JPEG-only advice
+    assert "out.mode=raw" in verdict["suggestions"][0]
+
+
+def test_a_sweep_on_too_few_samples_is_refused_with_what_it_needs(make_cfg, tmp_path):
+    with pytest.raises(
+        ValueError, match=r"bench.workers=sweep needs at least \d+ training samples .* has \d+"
+    ):
+        run(make_cfg, tmp_path, SLEEP, "bench.workers=sweep", per_class=4)
