@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
-import io
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,144 +32,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Nothing heavy at module level: a measurement's child process imports what its loader needs, and no more,
 # so its start-up (from the process's start to the first batches) is that loader's own.
 import peer_overlays  # noqa: E402 - standard library only
-from peer_work import crop_and_flip, decode_jpeg, samples  # noqa: E402 - standard library only
-
-IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # conf/transforms/imagenet.yaml
-
-
-# -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
-def feedline_loaders(source, args, lightning: bool = False):
-    """feedline's loaders (``ImageLoaders``: no Lightning import; ``lightning``: the ``ImageDataModule`` that
-    wraps them) with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
-    RandomHorizontalFlip as feedline ships them (the same parameters, draws and pixels, bit for bit)."""
-    from feedline.transforms.collate import Uint8Collate
-    from feedline.transforms.crop import RandomResizedCrop
-    from feedline.transforms.flip import RandomHorizontalFlip
-    from feedline.transforms.stacks import TransformStacks
-
-    if lightning:
-        from feedline.datamodules.image import ImageDataModule as Loaders
-    else:
-        from feedline.datamodules.loaders import ImageLoaders as Loaders
-    train, batch = [RandomResizedCrop(224, antialias=True), RandomHorizontalFlip()], None
-    if lightning:  # on the device, before a model: the preset's float conversion and normalisation
-        import torch
-        from torchvision.transforms import v2
-
-        batch = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    stacks = TransformStacks(train=train, batch=batch)
-    return Loaders(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
-
-
-def feedline_loader(source, args, lightning: bool = False):
-    return feedline_loaders(source, args, lightning).train_dataloader()
-
-
-def feedline_folder(data, args, lightning: bool = False):
-    return feedline_loader(folder_source(data), args, lightning)
-
-
-def folder_source(data):
-    from feedline.datasets.folder import FolderSource
-
-    return FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"])
-
-
-def feedline_datamodule(data, args):
-    return feedline_folder(data, args, lightning=True)
-
-
-def feedline_hdf5(key):
-    def build(data, args):
-        from feedline.datasets.hdf5 import HDF5Source
-
-        return feedline_loader(HDF5Source(data[key], val_fraction=0, cache_dir=data["cache"]), args)
-
-    return build
-
-
-def imagefolder(data, args):
-    from torch.utils.data import DataLoader
-    from torchvision import transforms as T
-    from torchvision.datasets import ImageFolder
-
-    classic = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
-    dataset = ImageFolder(data["tree"], transform=classic)
-    return DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, persistent_workers=True
-    )
-
-
-def webdataset_loader(data, args):
-    import webdataset as wds
-
-    transform = crop_and_flip()
-
-    def sample(item):
-        return transform(decode_jpeg(item["jpg"])), int(item["cls"])
-
-    shards = data["webdataset"]
-    dataset = wds.WebDataset(
-        shards, shardshuffle=len(shards), nodesplitter=wds.split_by_node, empty_check=False
-    )
-    dataset = dataset.shuffle(1000).map(sample).batched(args.batch_size, collation_fn=_stack)
-    return wds.WebLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=True)
-
-
-def _stack(items):
-    import torch
-
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
-
-
-def litdata_loader(data, args):
-    import litdata
-
-    transform = crop_and_flip()
-
-    class Dataset(litdata.StreamingDataset):
-        def __getitem__(self, index):
-            item = super().__getitem__(index)
-            return transform(decode_jpeg(item["jpg"])), item["cls"]
-
-    dataset = Dataset(data["litdata"], shuffle=True)
-    return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
-
-
-# name: (format class, what must be installed: a module of this environment or "overlay:<peer>", build)
-LOADERS = {
-    "ImageFolder + PIL": ("JPEG tree", None, imagefolder),
-    "WebDataset": ("JPEG tree", "webdataset", webdataset_loader),
-    "LitData": ("JPEG tree", "litdata", litdata_loader),
-    **{name: (kind, f"overlay:{peer}", build) for name, (kind, peer, build) in peer_overlays.LOADERS.items()},
-    "feedline folder": ("JPEG tree", None, feedline_folder),
-    "feedline folder (LightningDataModule)": ("JPEG tree", None, feedline_datamodule),
-    "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
-    "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
-}
-# start-up in a plain Lightning script (``lightning_script``): not loader rows, timed beside train.py; the
-# first is the anchor for train.py and for the datamodule in a user's own Lightning project
-ANCHOR = "ImageFolder + DataLoader in a Lightning Trainer"
-IN_LIGHTNING = "feedline ImageDataModule in a Lightning Trainer"
-SCRIPTS = {ANCHOR: False, IN_LIGHTNING: True}
-OURS = {
-    "JPEG tree": "feedline folder",
-    "256 px": "feedline hdf5 (JPEG at 256 px)",
-    "raw": "feedline hdf5 (raw at 256 px)",
-}
-
-
-def installed(requirement: str | None) -> bool:
-    if requirement is None:
-        return True
-    if requirement.startswith("overlay:"):
-        return peer_overlays.overlay_installed(requirement.split(":", 1)[1])
-    return importlib.util.find_spec(requirement) is not None
-
-
-def overlay_of(name: str) -> str | None:
-    requirement = LOADERS[name][1] or ""
-    return requirement.split(":", 1)[1] if requirement.startswith("overlay:") else None
+from peer_data import ensure_litdata, ensure_webdataset  # noqa: E402 - standard library only
+from peer_loaders import (  # noqa: E402, F401 - tests and scaling.py read LOADERS, SCRIPTS, installed here
+    ANCHOR,
+    LOADERS,
+    OURS,
+    SCRIPTS,
+    feedline_loaders,
+    folder_source,
+    imagefolder,
+    installed,
+    overlay_of,
+)
 
 
 # -- data, converted once per format ------------------------------------------------------------------------
@@ -193,44 +64,6 @@ def prepare(args, names=()) -> dict:
     if installed("litdata"):
         data["litdata"] = ensure_litdata(tree, args.data_dir)
     return data
-
-
-def ensure_webdataset(tree: str, data_dir: str, per_shard: int = 500) -> list[str]:
-    root = os.path.join(data_dir, f"{os.path.basename(tree)}-wds")
-    items = samples(tree)
-    shards = [os.path.join(root, f"shard-{k:04d}.tar") for k in range(-(-len(items) // per_shard))]
-    if os.path.exists(root + ".complete"):
-        return shards
-    os.makedirs(root, exist_ok=True)
-    for k, shard in enumerate(shards):
-        with tarfile.open(shard, "w") as tar:
-            for n, (path, label) in enumerate(items[k * per_shard : (k + 1) * per_shard]):
-                with open(path, "rb") as f:
-                    jpeg = f.read()
-                for ext, payload in (("jpg", jpeg), ("cls", str(label).encode())):
-                    info = tarfile.TarInfo(f"{k:04d}{n:06d}.{ext}")
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
-    open(root + ".complete", "w").close()
-    return shards
-
-
-def _litdata_item(item):
-    path, label = item
-    with open(path, "rb") as f:
-        return {"jpg": f.read(), "cls": label}
-
-
-def ensure_litdata(tree: str, data_dir: str) -> str:
-    import litdata
-
-    root = os.path.join(data_dir, f"{os.path.basename(tree)}-litdata")
-    if not os.path.exists(root + ".complete"):
-        litdata.optimize(
-            fn=_litdata_item, inputs=samples(tree), output_dir=root, chunk_bytes="64MB", num_workers=1
-        )
-        open(root + ".complete", "w").close()
-    return root
 
 
 # -- one measurement, in a fresh process -------------------------------------------------------------------
