@@ -3,7 +3,8 @@
 Every input is decoded (which validates it) in a process pool, resized when asked, and written in
 chunks, in the source's sample order. The file is written under a temporary name and renamed into place
 at the end: an interrupted conversion leaves no file that looks complete, and a rerun starts clean.
-Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
+One conversion writes an output at a time (``writers/lock.py``): a second is refused before it touches the
+first one's files. Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 """
 
 from __future__ import annotations
