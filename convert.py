@@ -19,11 +19,11 @@ log = logging.getLogger("feedline")
 
 def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
-    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.hdf5 import check_output, convert_source
 
     require(cfg, "source", "out")
     options = OmegaConf.to_object(cfg.out)  # an HDF5WriteOptions: the schema conf/convert.yaml extends
-    options.check()
+    check_output(options)
     source = instantiate(cfg.source, "source")
     summary = convert_source(source, options)
     log.info(

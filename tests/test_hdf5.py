@@ -145,6 +145,49 @@ def test_raw_layout_options_are_checked(make_cfg, tree, tmp_path, overrides, mes
         _convert(make_cfg, tree, tmp_path / "raw.h5", *overrides)
 
 
+OUT_EXTREMES = [
+    ("out.max_side=0", r"out\.max_side=0 must be in 1\.\.65535"),
+    ("out.max_side=-3", r"out\.max_side=-3 must be in 1\.\.65535"),
+    ("out.max_side=99999999999999999999", r"out\.max_side=9+ must be in 1\.\.65535"),
+    ("out.size=0", r"out\.size=0 must be in 1\.\.13377"),
+    ("out.size=100000", r"out\.size=100000 must be in 1\.\.13377"),
+    ("out.quality=0", r"out\.quality=0 must be in 1\.\.100"),
+    ("out.quality=101", r"out\.quality=101 must be in 1\.\.100"),
+    ("out.workers=0", r"out\.workers=0 must be an integer >= 1, or 'auto'"),
+    ("out.workers=-2", r"out\.workers=-2 must be an integer >= 1"),
+    ("out.workers=abc", r"out\.workers='abc' must be an integer or 'auto'"),
+    ("out.workers=1.5", r"out\.workers=1\.5 must be an integer"),
+    ("out.workers=100000", r"out\.workers=100000 starts that many processes .* set out\.workers=auto"),
+    ("out.chunk=0", r"out\.chunk=0 must be in 1\.\.65536"),
+    ("out.chunk=-1", r"out\.chunk=-1 must be in 1\.\.65536"),
+    ("out.chunk=100000000000", r"out\.chunk=100000000000 must be in 1\.\.65536"),
+    ("out.path=''", r"out\.path must be set"),
+]
+
+
+@pytest.mark.parametrize("override, message", OUT_EXTREMES, ids=[o for o, _ in OUT_EXTREMES])
+def test_out_values_at_their_extremes_are_refused_by_key_before_any_work(
+    make_cfg, tree, tmp_path, override, message
+):
+    mode = ["out.mode=raw"] if override.startswith("out.size") else []
+    with pytest.raises(ValueError, match=message):
+        _convert(make_cfg, tree, tmp_path / "o" / "out.h5", *mode, override)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_an_out_path_that_cannot_be_a_file_is_refused_before_any_work(make_cfg, tree, tmp_path, where):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "f").write_text("a file")
+    out, message = {
+        "a directory": (tmp_path / "o", r"out\.path=.*/o is a directory: name the HDF5 file to write"),
+        "under a file": (tmp_path / "f" / "x.h5", r"out\.path=.*x\.h5 cannot be written: .*/f is a file"),
+    }[where]
+    with pytest.raises(OSError if where == "under a file" else ValueError, match=message):
+        _convert(make_cfg, tree, out)
+    assert not (tmp_path / "cache").exists()
+
+
 def test_foreign_float_chw_file_trains_by_config_alone(make_cfg, tmp_path):
     rng = np.random.default_rng(0)
     images = rng.random((24, 3, 8, 8), dtype=np.float32)

@@ -3,7 +3,8 @@
 Every input is decoded (which validates it) in a process pool, resized when asked, and written in
 chunks, in the source's sample order. The file is written under a temporary name and renamed into place
 at the end: an interrupted conversion leaves no file that looks complete, and a rerun starts clean.
-Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
+One conversion writes an output at a time (``writers/lock.py``): a second is refused before it touches the
+first one's files. Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.transforms.decode import DecodeError, decode
-from feedline.writers.lock import writer_lock
+from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
 
 log = logging.getLogger(__name__)
@@ -123,19 +124,51 @@ def convert(
 def _writing(options: HDF5WriteOptions, lock: bool):
     """The output's absolute path, its directory made, held by this process alone (``writers/lock.py``):
     a second conversion to it is refused before it touches the first one's scratch files."""
-    options.check()
+    check_output(options)
     out_path = os.path.abspath(os.path.expanduser(str(options.path)))
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with writer_lock(out_path, "conversion", "out.path") if lock else contextlib.nullcontext():
+    directory = os.path.dirname(out_path)
+    with contextlib.ExitStack() as held:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if lock:
+                held.enter_context(writer_lock(out_path, "conversion", "out.path"))
+        except OutputBusyError:
+            raise
+        except OSError as err:
+            why = "is a file" if os.path.isfile(directory) else f"refuses new files ({err.strerror})"
+            raise OSError(
+                f"out.path={out_path} cannot be written: {directory} {why}; choose a directory you can write to"
+            ) from None
         yield out_path
+
+
+def check_output(options: HDF5WriteOptions) -> None:
+    """Every ``out.*`` key in range on this machine, or an error naming it, before any work starts."""
+    options.check()
+    _workers(options)
+
+
+def _workers(options: HDF5WriteOptions) -> int:
+    """``out.workers`` as a process count: auto is one per CPU; more than 8 per CPU is refused (each is a
+    process of its own, importing torch: thousands exhaust memory, and no storage is that slow)."""
+    cpus = available_cpus()
+    if options.workers in ("auto", None):
+        return cpus
+    workers = int(options.workers)
+    if workers > 8 * cpus:
+        raise ValueError(
+            f"out.workers={workers} starts that many processes on {cpus} CPU(s): at most {8 * cpus} (8 per CPU) "
+            f"helps, even reading slow storage; set out.workers=auto ({cpus})"
+        )
+    return workers
 
 
 def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str, description: str) -> dict:
     partial = out_path + ".partial"
     report = out_path + ".skipped.tsv"
     n = len(records)
-    workers = available_cpus() if options.workers in ("auto", None) else max(1, int(options.workers))
-    chunk = max(1, int(options.chunk))
+    chunk = int(options.chunk)
+    workers = max(1, min(_workers(options), -(-n // chunk)))  # never more processes than tasks
     started = time.perf_counter()
     skipped: list[str] = []
     written = 0

@@ -7,12 +7,16 @@ Standard library only: Hydra imports it at start-up.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
 from feedline.datasets.options import HDF5Options, LazyFolderOptions
 
 MODES = ("encoded", "raw")
+MAX_SIDE = 65535  # JPEG's limit, and far beyond any image worth training on
+MAX_SQUARE = 13377  # the largest square within the decoders' pixel limit (transforms/decode.py MAX_PIXELS)
+MAX_CHUNK = 65536
 
 
 @dataclass
@@ -26,8 +30,25 @@ class HDF5WriteOptions:
     chunk: int = 256  # rows per task and per write
 
     def check(self) -> None:
+        """Every ``out.*`` value in range, or an error naming its key, before any work starts."""
+        path = str(self.path or "")
+        if path in ("", "???"):
+            raise ValueError("out.path must be set: the HDF5 file to write (out.path=/data/train.h5)")
+        if path.endswith(("/", os.sep)) or os.path.isdir(os.path.expanduser(path)):
+            raise ValueError(
+                f"out.path={path} is a directory: name the HDF5 file to write (out.path={path.rstrip('/')}/train.h5)"
+            )
         if self.mode not in MODES:
             raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
+        if self.size is not None and not 1 <= _whole(self.size, "out.size") <= MAX_SQUARE:
+            raise ValueError(
+                f"out.size={self.size} must be in 1..{MAX_SQUARE} (a {MAX_SQUARE}-pixel square is the largest image a "
+                f"decoder accepts: {MAX_SQUARE**2:,} pixels)"
+            )
+        if self.max_side is not None and not 1 <= _whole(self.max_side, "out.max_side") <= MAX_SIDE:
+            raise ValueError(
+                f"out.max_side={self.max_side} must be in 1..{MAX_SIDE} (or null: keep every image's size)"
+            )
         if self.size is not None and self.mode != "raw":
             raise ValueError(
                 f"out.size={self.size} centre-crops raw squares: set out.mode=raw, or use out.max_side"
@@ -37,12 +58,22 @@ class HDF5WriteOptions:
                 f"out.size={self.size} (centre-cropped squares) and out.max_side={self.max_side} (whole images, "
                 f"aspect kept) are two raw layouts: set one"
             )
-        if self.size is not None and int(self.size) < 1:
-            raise ValueError(f"out.size={self.size} must be >= 1")
-        if self.max_side is not None and int(self.max_side) < 1:
-            raise ValueError(f"out.max_side={self.max_side} must be >= 1 (or null: keep the size)")
-        if not 1 <= int(self.quality) <= 100:
+        if not 1 <= _whole(self.quality, "out.quality") <= 100:
             raise ValueError(f"out.quality={self.quality} must be in 1..100")
+        if self.workers not in ("auto", None) and _whole(self.workers, "out.workers", "or 'auto'") < 1:
+            raise ValueError(f"out.workers={self.workers} must be an integer >= 1, or 'auto' (one per CPU)")
+        if not 1 <= _whole(self.chunk, "out.chunk") <= MAX_CHUNK:
+            raise ValueError(
+                f"out.chunk={self.chunk} must be in 1..{MAX_CHUNK}: each task holds that many decoded images in "
+                f"memory"
+            )
+
+
+def _whole(value, key: str, alternative: str = "") -> int:
+    """``value`` as an int, or an error naming ``key``: 1.5, 'abc' and true are not counts."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).lstrip("-").isdigit():
+        raise ValueError(f"{key}={value!r} must be an integer{' ' + alternative if alternative else ''}")
+    return int(value)
 
 
 @dataclass
