@@ -35,7 +35,8 @@ from feedline.datamodules.knobs import (
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
-from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, check_resume_mode
+from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, Resuming
+from feedline.datamodules.resume_checks import check_resume_mode, lightning_position
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
@@ -119,6 +120,7 @@ class ImageLoaders:
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
+        self._train_digest: str | None = None  # of the train split's rows, for resume checks
         self._remember(
             {
                 "source": source_config,
@@ -216,38 +218,56 @@ class ImageLoaders:
         world_size, rank = self._world()[:2]
         check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
         seed = self.run_seed()
+        self._pin_seed(seed)
         # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
         epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
         sampler = EpochSampler(
             len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
         )
-        checks = {
+        return ResumableLoader(
+            dataset,
+            sampler=sampler,
+            checks=self._resume_checks(dataset, settings["batch_size"], world_size, seed),
+            mode=self.resume,
+            progress=self._fit_progress,
+            resuming=self._resuming(),
+            drop_last=self.drop_last,
+            **settings,
+        )
+
+    def _resume_checks(self, dataset: SampleDataset, batch_size: int, world_size: int, seed: int) -> dict:
+        """What the train loader's position counts in (``resume_checks.CHECKED``), saved with it."""
+        if self._train_digest is None:  # once: one pass over the split's row array
+            digest = getattr(dataset.records, "digest", None)
+            self._train_digest = digest() if callable(digest) else ""
+        return {
             "samples": len(dataset),
             "classes": self.num_classes,
-            "batch_size": settings["batch_size"],
+            "split": self._train_digest or None,
+            "split_seed": getattr(self.source, "seed", None),
+            "val_fraction": getattr(self.source, "val_fraction", None),
+            "test_fraction": getattr(self.source, "test_fraction", None),
+            "batch_size": batch_size,
             "world_size": world_size,
             "seed": seed,
             "drop_last": self.drop_last,
         }
-        return ResumableLoader(
-            dataset,
-            sampler=sampler,
-            checks=checks,
-            mode=self.resume,
-            progress=self._fit_progress,
-            drop_last=self.drop_last,
-            **settings,
-        )
 
     def _fit_progress(self) -> tuple[int, int] | None:
         """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return None
-        processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if processed >= trainer.num_training_batches:  # the epoch is over (limit_train_batches counted)
-            return self.position.epoch + 1, 0
-        return self.position.epoch, processed
+        return lightning_position(trainer.fit_loop)
+
+    def _resuming(self) -> Resuming | None:
+        """What the first train loader of a resumed fit checks (``ImageDataModule``'s); no Trainer: none."""
+        return None
+
+    def _pin_seed(self, seed: int) -> None:
+        """The seed the train order uses from now on, and what rebuilds these loaders records (not null)."""
+        self.seed = seed
+        self.config["seed"] = seed
 
     def run_seed(self) -> int:
         """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""
