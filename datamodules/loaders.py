@@ -26,7 +26,11 @@ from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.knobs import (
+    check_batch_size,
+    check_max_pixels,
+    check_multiprocessing_context,
     check_prefetch_factor,
+    check_seed,
     check_steps,
     parse_memory_format,
     per_device_batch_size,
@@ -100,6 +104,7 @@ class ImageLoaders:
         self.transforms = self.transforms or TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
         self.collate, collate_config = build(collate, "collate")
         self.collate = self.collate or DefaultCollate()
+        check_batch_size(batch_size, global_batch_size)
         self.batch_size = int(batch_size)
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
@@ -108,13 +113,13 @@ class ImageLoaders:
         self.prefetch_factor = check_prefetch_factor(prefetch_factor)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = check_multiprocessing_context(multiprocessing_context)
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
-        self.max_pixels = max_pixels
+        self.max_pixels = check_max_pixels(max_pixels)
         self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
         self.memory_format = parse_memory_format(memory_format)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.resume = check_resume_mode(resume)
         self.position = Position()  # the train loader's, in its epoch; saved through the loader's state_dict
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
