@@ -40,7 +40,7 @@ from feedline.datamodules.knobs import (
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, Resuming
-from feedline.datamodules.resume_checks import check_resume_mode, lightning_position
+from feedline.datamodules.resume_checks import check_resume_mode, counted_in, lightning_position
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
@@ -241,22 +241,11 @@ class ImageLoaders:
         )
 
     def _resume_checks(self, dataset: SampleDataset, batch_size: int, world_size: int, seed: int) -> dict:
-        """What the train loader's position counts in (``resume_checks.CHECKED``), saved with it."""
         if self._train_digest is None:  # once: one pass over the split's row array
             digest = getattr(dataset.records, "digest", None)
             self._train_digest = digest() if callable(digest) else ""
-        return {
-            "samples": len(dataset),
-            "classes": self.num_classes,
-            "split": self._train_digest or None,
-            "split_seed": getattr(self.source, "seed", None),
-            "val_fraction": getattr(self.source, "val_fraction", None),
-            "test_fraction": getattr(self.source, "test_fraction", None),
-            "batch_size": batch_size,
-            "world_size": world_size,
-            "seed": seed,
-            "drop_last": self.drop_last,
-        }
+        counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
+        return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
 
     def _fit_progress(self) -> tuple[int, int] | None:
         """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""

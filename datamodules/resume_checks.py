@@ -38,6 +38,21 @@ CHECKED = {
 }
 
 
+def counted_in(source, split_digest: str, counts: dict, world_size: int, seed: int, drop_last: bool) -> dict:
+    """This run's values of ``CHECKED``: ``counts`` (samples, classes, per-device batch size), the train
+    split's digest (empty: its records cannot tell) and what draws the split, from ``source``."""
+    return {
+        **counts,
+        "split": split_digest or None,
+        "split_seed": getattr(source, "seed", None),
+        "val_fraction": getattr(source, "val_fraction", None),
+        "test_fraction": getattr(source, "test_fraction", None),
+        "world_size": world_size,
+        "seed": seed,
+        "drop_last": drop_last,
+    }
+
+
 class ResumeError(RuntimeError):
     """A checkpoint's train-loader state does not fit the run (``data.resume=strict``)."""
 
