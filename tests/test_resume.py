@@ -507,3 +507,35 @@ def test_a_resume_error_prints_alone(monkeypatch, capsys):
     with pytest.raises(SystemExit), short_errors():
         raise ResumeError(message)
     assert f"Error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_split_of_the_same_size_stops_with_the_error_alone(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=30)  # 81 train samples under either seed
+    run = tmp_path / "run"
+    args = [
+        sys.executable,
+        "train.py",
+        "source=folder",
+        f"source.root={tree}",
+        "data.batch_size=16",
+        "data.num_workers=0",
+        f"hydra.run.dir={run}",
+        f"paths.output_dir={run}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "trainer.accelerator=cpu",
+        "logger=none",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+    def train_py(*overrides):
+        return subprocess.run(
+            [*args, *overrides], cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    first = train_py("callbacks.model_checkpoint.every_n_train_steps=3", "+trainer.max_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = train_py("ckpt_path=last", "source.seed=1")
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert "Error: cannot resume the train loader" in resumed.stderr
+    assert "source.seed 0 then, 1 now" in resumed.stderr and "train split (digest" in resumed.stderr
