@@ -67,6 +67,8 @@ def read_position(state) -> tuple[tuple[int, int] | None, str | None]:
     """((epoch, batches), None) from a loader state, or (None, why it cannot be read)."""
     if not isinstance(state, Mapping):
         return None, f"the train loader state is a {type(state).__name__}, not a mapping"
+    if not state:
+        return None, "the train loader state is empty (an edited or damaged checkpoint)"
     if state.get("format") != STATE_FORMAT:
         return None, (
             f"the train loader state has format {state.get('format')!r}, this feedline reads {STATE_FORMAT}"

@@ -391,13 +391,14 @@ def forty_classes(tmp_path):
     [
         (lambda c: loops_state(c).update(combined_loader=[]), "holds no train loader state"),
         (lambda c: loops_state(c).pop("combined_loader"), "holds no train loader state"),
+        (lambda c: loops_state(c).update(combined_loader=[{}]), "the train loader state is empty"),
         (
             lambda c: loops_state(c)["combined_loader"][0].update(epoch=5),
             "stands at epoch 5 after 3 batches, but Lightning's progress in the same checkpoint goes on at "
             "epoch 0 after 3 batches",
         ),
     ],
-    ids=["emptied", "removed", "another-epoch"],
+    ids=["emptied", "removed", "empty-state", "another-epoch"],
 )
 def test_a_loader_state_that_is_missing_or_disagrees_with_lightning_is_refused_and_lenient_follows_lightning(
     tmp_path, edit, said
