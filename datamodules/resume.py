@@ -126,11 +126,11 @@ def _raise(error: Exception):
 @dataclass
 class Resuming:
     """What the first train loader of a fit resumed from ``checkpoint`` checks at its first ``iter()`` when
-    Lightning handed it no state: ``handed``, whether Lightning would have (it restarts inside an epoch),
+    Lightning handed it no state: ``lightning_hands``, whether it should have (it restarts inside an epoch),
     and ``state``, the copy the datamodule keeps in the checkpoint (None: there is none)."""
 
     checkpoint: str
-    handed: bool
+    lightning_hands: bool
     state: dict | None
 
 
@@ -180,7 +180,7 @@ class ResumableLoader(DataLoader):
         resuming, self.resuming = self.resuming, None
         if resuming is not None:  # the first iter() of a resumed fit, and Lightning handed no state
             try:
-                if resuming.handed or resuming.state is None:
+                if resuming.lightning_hands or resuming.state is None:
                     self._settle([missing_state(resuming.checkpoint)], self.progress())
                 else:  # an epoch boundary, where Lightning hands none: the datamodule's copy is checked
                     self.load_state_dict(resuming.state)
