@@ -12,6 +12,8 @@ import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from feedline.datamodules.resume_checks import ResumeError
+
 log = logging.getLogger(__name__)
 
 # Errors that already name their config key (``source.root '/x' does not exist ...``) pass through
@@ -65,7 +67,7 @@ def short_errors():
     alone, without the traceback above it, and exit 1. ``HYDRA_FULL_ERROR=1`` shows the traceback again."""
     try:
         yield
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError, ResumeError) as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _NAMES_A_KEY.search(str(err)):
             raise
         print(

@@ -7,6 +7,9 @@ prepare_data(), setup(), *_dataloader()
                            shorter than trainer.log_every_n_steps lowers it to the epoch's batches
 on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 -> float, normalise), mix
                            on training batches, one memory format for every split
+state_dict()               a copy of the train loader's state, which Lightning hands back on every resume
+                           (it hands the loader its own only inside an epoch): the first train loader of a
+                           resumed fit checks it, or says what is missing (``resume.py``)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.notices import quiet_lightning
-from feedline.datamodules.resume import batch_seed
+from feedline.datamodules.resume import Resuming, batch_seed
 from feedline.transforms.collate import Batch
 
 quiet_lightning()
@@ -29,14 +32,29 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
     """``ImageLoaders`` under Lightning: same arguments (``source``, ``transforms``, ``collate`` and the
     ``data.*`` knobs); Lightning's hooks call its loaders and move each batch through ``device_batch``."""
 
+    _fit_begins = False  # set by setup("fit"): the next train loader is the first of a fit
+    _train_loader = None
+    _restored_state = None  # the train loader state of the checkpoint this fit resumes from, if it holds one
+
     def _remember(self, config: dict) -> None:
         super()._remember(config)
         self.save_hyperparameters(config)
 
+    def _pin_seed(self, seed: int) -> None:
+        super()._pin_seed(seed)
+        self.hparams["seed"] = seed  # checkpoints record the seed the run used, not null
+
+    def setup(self, stage: str | None = None) -> None:
+        """Lightning calls it at the start of every fit, validate, test and predict, before it restores a
+        checkpoint (and with it ``load_state_dict``)."""
+        super().setup(stage)
+        self._restored_state = None
+        self._fit_begins = stage in (None, "fit")
+
     def train_dataloader(self):
-        loader = super().train_dataloader()
-        self._log_each_epoch(len(loader))
-        return loader
+        self._train_loader = super().train_dataloader()
+        self._log_each_epoch(len(self._train_loader))
+        return self._train_loader
 
     def _log_each_epoch(self, batches: int) -> None:
         """An epoch shorter than ``trainer.log_every_n_steps`` would log no training step in most epochs (and
@@ -54,6 +72,23 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
                 "trainer.log_every_n_steps %d -> %d: the epoch's batches", trainer.log_every_n_steps, batches
             )
             trainer.log_every_n_steps = batches
+
+    def state_dict(self) -> dict:
+        loader = self._train_loader
+        return (
+            {"train_loader": loader.state_dict()} if loader is not None and self.trainer is not None else {}
+        )
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._restored_state = state_dict.get("train_loader")
+
+    def _resuming(self) -> Resuming | None:
+        begins, self._fit_begins = self._fit_begins, False
+        state, self._restored_state = self._restored_state, None
+        trainer = self.trainer
+        if not begins or trainer is None or trainer.state.fn != "fit" or trainer.ckpt_path is None:
+            return None
+        return Resuming(str(trainer.ckpt_path), bool(trainer.fit_loop.restarting), state)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         training = self.trainer is not None and self.trainer.training

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import numbers
+
 from feedline.datamodules.options import MEMORY_FORMATS
 from feedline.datasets.scan import available_cpus
+
+
+def _integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def max_workers() -> int:
+    """The most worker processes a device may start: 4 per CPU this process may use (workers waiting on a
+    network disk can outnumber the CPUs), and never fewer than 32."""
+    return max(32, 4 * available_cpus())
 
 
 def resolve_num_workers(value, devices_per_node: int = 1) -> int:
@@ -14,9 +26,60 @@ def resolve_num_workers(value, devices_per_node: int = 1) -> int:
         workers = int(value)
     except (TypeError, ValueError):
         raise ValueError(f"data.num_workers={value!r} must be an integer >= 0 or 'auto'") from None
-    if workers < 0:
+    if workers < 0 or isinstance(value, float) and value != workers:
         raise ValueError(f"data.num_workers={value!r} must be an integer >= 0 or 'auto'")
+    if workers > max_workers():
+        raise ValueError(
+            f"data.num_workers={workers} starts that many processes per device, more than {max_workers()} "
+            f"(4 per CPU of the {available_cpus()} this process may use): lower it, or set 'auto'"
+        )
     return workers
+
+
+def check_batch_size(batch_size, global_batch_size) -> None:
+    """The batch size in effect (``data.global_batch_size`` when set, else ``data.batch_size``) is >= 1;
+    whether the global one divides over the devices is known once the Trainer is."""
+    key, value = (
+        ("data.batch_size", batch_size)
+        if global_batch_size is None
+        else ("data.global_batch_size", global_batch_size)
+    )
+    if not _integer(value) or value < 1:
+        raise ValueError(f"{key}={value!r} must be an integer >= 1")
+
+
+def check_seed(value) -> int | None:
+    """``data.seed``: null (the run's seed), or the 32-bit seed the train order and augmentation draw from."""
+    if value is None:
+        return None
+    if not _integer(value) or not 0 <= value < 2**32:
+        raise ValueError(
+            f"data.seed={value!r} must be an integer from 0 to 2**32-1 (4294967295), or null for the run's seed: "
+            "the order draws from 32 bits, so other values would repeat another seed's order"
+        )
+    return value
+
+
+def check_max_pixels(value) -> int | None:
+    """``data.max_pixels``: null (PIL's limit), 0 (none) or a positive pixel count."""
+    if value is not None and (not _integer(value) or value < 0):
+        raise ValueError(
+            f"data.max_pixels={value!r} must be null (PIL's limit), 0 (no limit) or a pixel count >= 1: a "
+            "negative limit would refuse every image"
+        )
+    return value
+
+
+def check_multiprocessing_context(value) -> str | None:
+    """``data.multiprocessing_context``: null (the platform's default) or a start method it has."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    if value is not None and value not in methods:
+        raise ValueError(
+            f"data.multiprocessing_context={value!r} is not one of: {', '.join(methods)} (or null: the default)"
+        )
+    return value
 
 
 def resolve_pin_memory(value, on_gpu: bool) -> bool:
@@ -42,14 +105,17 @@ def per_device_batch_size(batch_size: int, global_batch_size: int | None, world_
     return global_batch_size // world_size
 
 
+MAX_PREFETCH = 64  # batches each worker keeps ready, in shared memory, however many there are
+
+
 def check_prefetch_factor(value) -> int | None:
-    """``data.prefetch_factor``: batches each worker keeps ready, >= 1 (null: torch's default)."""
+    """``data.prefetch_factor``: batches each worker keeps ready, 1 to MAX_PREFETCH (null: torch's default)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PREFETCH:
         raise ValueError(
-            f"data.prefetch_factor={value!r} must be an integer >= 1 (or null): each worker keeps that many "
-            f"batches ready"
+            f"data.prefetch_factor={value!r} must be an integer >= 1 and at most {MAX_PREFETCH} (or null): each worker "
+            f"keeps that many batches ready in shared memory"
         )
     return value
 

@@ -27,7 +27,11 @@ from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.knobs import (
+    check_batch_size,
+    check_max_pixels,
+    check_multiprocessing_context,
     check_prefetch_factor,
+    check_seed,
     check_steps,
     parse_memory_format,
     per_device_batch_size,
@@ -37,7 +41,8 @@ from feedline.datamodules.knobs import (
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.predict import PredictLoader
-from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, check_resume_mode
+from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, Resuming
+from feedline.datamodules.resume_checks import check_resume_mode, counted_in, lightning_position
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
@@ -101,6 +106,7 @@ class ImageLoaders:
         self.transforms = self.transforms or TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
         self.collate, collate_config = build(collate, "collate")
         self.collate = self.collate or DefaultCollate()
+        check_batch_size(batch_size, global_batch_size)
         self.batch_size = int(batch_size)
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
@@ -109,19 +115,20 @@ class ImageLoaders:
         self.prefetch_factor = check_prefetch_factor(prefetch_factor)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = check_multiprocessing_context(multiprocessing_context)
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
-        self.max_pixels = max_pixels
+        self.max_pixels = check_max_pixels(max_pixels)
         self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
         self.memory_format = parse_memory_format(memory_format)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.resume = check_resume_mode(resume)
         self.position = Position()  # the train loader's, in its epoch; saved through the loader's state_dict
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
         self.datasets: dict[str, SampleDataset] = {}
         self._prepared_early = False
+        self._train_digest: str | None = None  # of the train split's rows, for resume checks
         self._remember(
             {
                 "source": source_config,
@@ -237,38 +244,45 @@ class ImageLoaders:
         world_size, rank = self._world()[:2]
         check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
         seed = self.run_seed()
+        self._pin_seed(seed)
         # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
         epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
         sampler = EpochSampler(
             len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
         )
-        checks = {
-            "samples": len(dataset),
-            "classes": self.num_classes,
-            "batch_size": settings["batch_size"],
-            "world_size": world_size,
-            "seed": seed,
-            "drop_last": self.drop_last,
-        }
         return ResumableLoader(
             dataset,
             sampler=sampler,
-            checks=checks,
+            checks=self._resume_checks(dataset, settings["batch_size"], world_size, seed),
             mode=self.resume,
             progress=self._fit_progress,
+            resuming=self._resuming(),
             drop_last=self.drop_last,
             **settings,
         )
+
+    def _resume_checks(self, dataset: SampleDataset, batch_size: int, world_size: int, seed: int) -> dict:
+        if self._train_digest is None:  # once: one pass over the split's row array
+            digest = getattr(dataset.records, "digest", None)
+            self._train_digest = digest() if callable(digest) else ""
+        counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
+        return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
 
     def _fit_progress(self) -> tuple[int, int] | None:
         """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return None
-        processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if processed >= trainer.num_training_batches:  # the epoch is over (limit_train_batches counted)
-            return self.position.epoch + 1, 0
-        return self.position.epoch, processed
+        return lightning_position(trainer.fit_loop)
+
+    def _resuming(self) -> Resuming | None:
+        """What the first train loader of a resumed fit checks (``ImageDataModule``'s); no Trainer: none."""
+        return None
+
+    def _pin_seed(self, seed: int) -> None:
+        """The seed the train order uses from now on, and what rebuilds these loaders records (not null)."""
+        self.seed = seed
+        self.config["seed"] = seed
 
     def run_seed(self) -> int:
         """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""

@@ -11,7 +11,9 @@ worker drew it or on whether the run was interrupted. The batch-level mix on the
 the same way, from (seed, epoch, batch, rank).
 
 Lightning saves ``ResumableLoader.state_dict()`` with the checkpoint and hands it back through
-``load_state_dict`` before the first ``iter()`` of the resumed fit (its stateful-loader interface).
+``load_state_dict`` before the first ``iter()`` of a fit that resumes inside an epoch (its stateful-loader
+interface); at an epoch boundary it hands nothing, and the datamodule's copy of the state (``image.py``) is
+checked instead. Whether a state fits the run is decided in ``resume_checks.py``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
+from feedline.datamodules.resume_checks import (
+    STATE_FORMAT,
+    ResumeError,
+    check_resume_mode,
+    missing_state,
+    state_problems,
+)
+
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
-RESUME_MODES = ("strict", "lenient")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: index -> seed offset is a bijection mod 2**64
 
 
@@ -110,44 +118,91 @@ class EpochSampler(DistributedSampler):
         return zip(rows.tolist(), self.seeds(rows).tolist())
 
 
-class ResumeError(RuntimeError):
-    pass
+def _raise(error: Exception):
+    raise error
+    yield  # a generator: it raises when first asked for a batch
+
+
+@dataclass
+class Resuming:
+    """What the first train loader of a fit resumed from ``checkpoint`` checks at its first ``iter()`` when
+    Lightning handed it no state: ``lightning_hands``, whether it should have (it restarts inside an epoch),
+    and ``state``, the copy the datamodule keeps in the checkpoint (None: there is none)."""
+
+    checkpoint: str
+    lightning_hands: bool
+    state: dict | None
 
 
 class ResumableLoader(DataLoader):
     """The train loader, with Lightning's stateful-loader interface: its state is this rank's position and
-    what that position means (the samples, classes, batch size, world size and seed it counts in)."""
+    what that position means (``resume_checks.CHECKED``: the samples, the train split, the batch size, the
+    world size and the seed it counts in).
 
-    def __init__(self, dataset, *, sampler: EpochSampler, checks: dict, mode: str, progress=None, **kwargs):
+    ``progress``: () -> (epoch, batches) Lightning goes on from, or None without a fitting Trainer.
+    ``resuming``: for the first train loader of a fit resumed from a checkpoint, a ``Resuming``; Lightning
+    hands the state to ``load_state_dict`` before the first ``iter()`` only when it restarts inside an
+    epoch, so that ``iter()`` checks what Lightning did not hand."""
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        sampler: EpochSampler,
+        checks: dict,
+        mode: str,
+        progress=None,
+        resuming: Resuming | None = None,
+        **kwargs,
+    ):
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.position = sampler.position
         self.checks = dict(checks)
         self.mode = check_resume_mode(mode)
-        # () -> (epoch, batches) that training goes on from, or None without a Trainer (ImageDataModule's)
         self.progress = progress
+        self.resuming = resuming
 
     def state_dict(self) -> dict:
-        """Where training goes on from: under a Trainer, the batches Lightning counts as processed (it replays
-        from there, whether the checkpoint was taken after a step or inside one, as SLURM's signal handler
-        does); an epoch that is over is recorded as the start of the next."""
+        """Where training goes on from: under a Trainer, where Lightning's progress counters say it goes on
+        (``lightning_position``: whether the checkpoint was taken after a step or inside one, as SLURM's
+        signal handler does, or at an epoch's end); else this loader's own position."""
         where = self.progress() if self.progress is not None else None
         epoch, batches = where if where is not None else (self.position.epoch, self.position.batches)
         return {"format": STATE_FORMAT, "epoch": epoch, "batches": batches, **self.checks}
 
     def load_state_dict(self, state: dict) -> None:
-        epoch, batches = int(state.get("epoch", 0)), int(state.get("batches", 0))
-        problem = self._mismatch(state)
-        if problem:
-            if self.mode == "strict":
-                raise ResumeError(
-                    f"cannot resume the train loader mid-epoch: {problem}. Resume with the data, "
-                    "data.batch_size, world size and seed the checkpoint was written with, or set "
-                    "data.resume=lenient to go on in this run's order"
-                )
+        self.resuming = None  # handed a state: nothing is missing
+        lightning = self.progress() if self.progress is not None else None
+        position, problems = state_problems(state, self.checks, len(self), lightning)
+        self._settle(problems, lightning or position)
+
+    def __iter__(self):
+        resuming, self.resuming = self.resuming, None
+        if resuming is not None:  # the first iter() of a resumed fit, and Lightning handed no state
+            try:
+                if resuming.lightning_hands or resuming.state is None:
+                    self._settle([missing_state(resuming.checkpoint)], self.progress())
+                else:  # an epoch boundary, where Lightning hands none: the datamodule's copy is checked
+                    self.load_state_dict(resuming.state)
+            except ResumeError as err:
+                # Raised by the first next(): Lightning's teardown fails on a loader whose iter() failed.
+                return _raise(err)
+        return super().__iter__()
+
+    def _settle(self, problems: list[str], position: tuple[int, int] | None) -> None:
+        """Refuse (strict) or warn (lenient) about ``problems``, then go on from ``position``: Lightning's
+        when a Trainer resumes, else the state's; None (an unreadable state, no Trainer): the epoch's start."""
+        if problems and self.mode == "strict":
+            raise ResumeError(
+                f"cannot resume the train loader: {'; '.join(problems)}. Or set data.resume=lenient to go on "
+                "where Lightning resumes, in this run's order"
+            )
+        epoch, batches = position if position is not None else (self.position.epoch, 0)
+        if problems:
             log.warning(
                 "data.resume=lenient: %s; epoch %d goes on after batch %d in this run's order, so it may repeat "
                 "or miss samples; the epochs after it are whole",
-                problem,
+                "; ".join(problems),
                 epoch,
                 batches,
             )
@@ -157,29 +212,3 @@ class ResumableLoader(DataLoader):
         self.sampler.start = batches * self.batch_size
         if batches:
             log.info("train loader resumes epoch %d at batch %d of %d", epoch, batches, len(self))
-
-    def _mismatch(self, state: dict) -> str | None:
-        if state.get("format") != STATE_FORMAT:
-            return f"the checkpoint's loader state has format {state.get('format')!r}, this feedline reads {STATE_FORMAT}"
-        said = {
-            "samples": "training samples",
-            "classes": "classes",
-            "batch_size": "data.batch_size (per device)",
-            "world_size": "processes (world size)",
-            "seed": "seed",
-            "drop_last": "data.drop_last",
-        }
-        differences = [
-            f"{what} {state.get(key)!r} then, {self.checks[key]!r} now"
-            for key, what in said.items()
-            if state.get(key) != self.checks[key]
-        ]
-        if differences:
-            return "the run changed since the checkpoint: " + "; ".join(differences)
-        return None
-
-
-def check_resume_mode(value) -> str:
-    if value not in RESUME_MODES:
-        raise ValueError(f"data.resume={value!r} is not one of: {', '.join(RESUME_MODES)}")
-    return value

@@ -8,6 +8,7 @@ list, and opens memory maps lazily in the process that reads.
 from __future__ import annotations
 
 import abc
+import hashlib
 import os
 import stat
 from typing import Any, Protocol, runtime_checkable
@@ -101,6 +102,15 @@ class Records:
 
     def describe(self, i: int) -> str:
         return self.where(self.row(i))
+
+    def digest(self) -> str:
+        """Which rows of how many this split holds, as 16 hex digits: the same for the same split of the same
+        samples in any backend (a tree, its lazy layout, its HDF5 conversion), different when another seed
+        or fraction draws it. One pass over the mapped row array; no sample is read."""
+        h = hashlib.blake2b(str(self.total).encode(), digest_size=8)
+        if self.subset is not None:
+            h.update(np.ascontiguousarray(self.subset.array, dtype=np.int64).data)
+        return h.hexdigest()
 
 
 class InMemoryArray:

@@ -293,6 +293,41 @@ def test_prefetch_factor_zero_names_the_key(make_cfg, tree):
         instantiate(cfg.data, "data")
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.batch_size=0", r"data\.batch_size=0 must be an integer >= 1"),
+        ("data.batch_size=-1", r"data\.batch_size=-1 must be an integer >= 1"),
+        ("data.global_batch_size=0", r"data\.global_batch_size=0 must be an integer >= 1"),
+        ("data.global_batch_size=-8", r"data\.global_batch_size=-8 must be an integer >= 1"),
+        ("data.num_workers=-1", r"data\.num_workers=-1 must be an integer >= 0"),
+        ("data.num_workers=2.5", r"data\.num_workers=2\.5 must be an integer >= 0"),
+        ("data.num_workers=100000", r"data\.num_workers=100000 starts that many processes per device"),
+        (
+            "data.prefetch_factor=1000000",
+            r"data\.prefetch_factor=1000000 must be an integer >= 1 and at most 64",
+        ),
+        ("data.max_bad_fraction=-0.1", r"data\.max_bad_fraction=-0\.1 must be in \[0, 1\]"),
+        ("data.max_bad_fraction=1e9", r"data\.max_bad_fraction=1000000000\.0 must be in \[0, 1\]"),
+        ("data.max_pixels=-1", r"data\.max_pixels=-1 must be null \(PIL's limit\), 0 \(no limit\) or"),
+        ("data.seed=-1", r"data\.seed=-1 must be an integer from 0 to 2\*\*32-1"),
+        ("data.seed=4294967296", r"data\.seed=4294967296 must be an integer from 0 to 2\*\*32-1"),
+        (
+            "data.multiprocessing_context=bogus",
+            r"data\.multiprocessing_context='bogus' is not one of: .*fork",
+        ),
+    ],
+)
+def test_extreme_data_values_are_refused_by_key_before_any_work(make_cfg, tmp_path, override, message):
+    from feedline.cli.instantiate import instantiate
+
+    tree = simple_tree(tmp_path / "tree")
+    cfg = make_cfg("source=folder", f"source.root={tree}", override)
+    with pytest.raises(ValueError, match=message):
+        instantiate(cfg.data, "data")
+    assert not (tmp_path / "cache").exists()  # nothing was scanned or cached
+
+
 def test_a_batch_larger_than_the_split_with_drop_last_fails_naming_both(make_cfg, tree):
     from feedline.train import train
 

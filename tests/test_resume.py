@@ -46,10 +46,10 @@ def test_each_sample_is_read_once_per_epoch_across_a_cut_at_any_batch(world_size
     assert [i for i, _ in first] != [i for i, _ in second]  # a new order each epoch
 
 
-def small_dm(tree, **options) -> ImageDataModule:
+def small_dm(tree, source=None, **options) -> ImageDataModule:
     stacks = TransformStacks(train=[lambda x: x + torch.randint(0, 2, (1,), dtype=torch.uint8)])  # random
     return ImageDataModule(
-        FolderSource(tree, val_fraction=0),
+        source or FolderSource(tree, val_fraction=0),
         stacks,
         Uint8Collate(),
         **{"batch_size": 3, "num_workers": 2, "seed": 5, **options},
@@ -155,7 +155,7 @@ def lightning_dm(tree) -> ImageDataModule:
     )
 
 
-def fit(dm, record, ckpt_path=None, **options):
+def fit(dm, record, ckpt_path=None, model=None, **options):
     trainer = L.Trainer(
         accelerator="cpu",
         logger=False,
@@ -165,7 +165,7 @@ def fit(dm, record, ckpt_path=None, **options):
         callbacks=[record],
         **{"max_epochs": 2, **options},
     )
-    trainer.fit(Tiny(), datamodule=dm, ckpt_path=ckpt_path)
+    trainer.fit(model or Tiny(), datamodule=dm, ckpt_path=ckpt_path)
     return record.seen
 
 
@@ -401,3 +401,209 @@ def test_a_resumed_run_appends_to_the_metrics_of_the_run_it_resumes(tmp_path):
     assert max(int(r["step"]) for r in after) == 21 and {r["epoch"] for r in after} == {"0", "1"}
     steps = [int(r["step"]) for r in after if "train/loss" in r]
     assert steps == list(range(22))  # every training step once, in order: none lost, none twice
+# -- checkpoints that do not fit, under a Trainer ---------------------------------------------------------
+def labelled_dm(tree, **options) -> ImageDataModule:
+    """One image per class, so a label names its sample."""
+    stacks = TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
+    source = options.pop("source", None) or FolderSource(tree, val_fraction=0)
+    return ImageDataModule(
+        source, stacks, Uint8Collate(), **{"batch_size": 4, "num_workers": 0, "seed": 5, **options}
+    )
+
+
+class Wide(Tiny):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 10 * 12, 40))
+
+
+class Labels(L.Callback):
+    """The labels of every training batch; ``save``: (step, path) to write a checkpoint after that step, as
+    ModelCheckpoint(every_n_train_steps) does."""
+
+    def __init__(self, save=None):
+        self.seen, self.save = [], save
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen += batch.label.tolist()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.save and trainer.global_step == self.save[0]:
+            trainer.save_checkpoint(self.save[1])
+
+
+def fit_labels(dm, callback, ckpt_path=None, **options):
+    fit(dm, callback, ckpt_path, model=Wide(), **options)
+    return callback.seen
+
+
+def edit_checkpoint(path, edit) -> None:
+    checkpoint = torch.load(path, weights_only=False)
+    edit(checkpoint)
+    torch.save(checkpoint, path)
+
+
+def loops_state(checkpoint) -> dict:
+    return checkpoint["loops"]["fit_loop"]["state_dict"]
+
+
+def forty_classes(tmp_path):
+    from tests.helpers import make_tree
+
+    return make_tree(tmp_path / "tree", {f"c{i:02d}": ["a.png"] for i in range(40)})
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (lambda c: loops_state(c).update(combined_loader=[]), "holds no train loader state"),
+        (lambda c: loops_state(c).pop("combined_loader"), "holds no train loader state"),
+        (lambda c: loops_state(c).update(combined_loader=[{}]), "the train loader state is empty"),
+        (
+            lambda c: loops_state(c)["combined_loader"][0].update(epoch=5),
+            "stands at epoch 5 after 3 batches, but Lightning's progress in the same checkpoint goes on at "
+            "epoch 0 after 3 batches",
+        ),
+    ],
+    ids=["emptied", "removed", "empty-state", "another-epoch"],
+)
+def test_a_loader_state_that_is_missing_or_disagrees_with_lightning_is_refused_and_lenient_follows_lightning(
+    tmp_path, edit, said
+):
+    tree = forty_classes(tmp_path)  # 10 batches of 4
+    path = str(tmp_path / "step3.ckpt")
+    first = fit_labels(labelled_dm(tree), Labels(save=(3, path)), max_steps=3)[:12]
+    edit_checkpoint(path, edit)
+    with pytest.raises(ResumeError, match=re.escape(said) + r".*data\.resume=lenient"):
+        fit_labels(labelled_dm(tree), Labels(), path, max_epochs=1)
+    rest = fit_labels(labelled_dm(tree, resume="lenient"), Labels(), path, max_epochs=1)
+    assert sorted(first + rest) == list(range(40))  # epoch 0: every sample once across the cut
+
+
+@pytest.mark.parametrize("batches", [-3, "3", 2.5, None, True])
+def test_an_unreadable_loader_state_is_refused_by_name(tmp_path, batches):
+    loader = small_dm(simple_tree(tmp_path / "tree", per_class=5)).train_dataloader()
+    state = {**loader.state_dict(), "batches": batches}
+    with pytest.raises(ResumeError, match=rf"batches is {re.escape(repr(batches))}, not an integer >= 0"):
+        loader.load_state_dict(state)
+    lenient = small_dm(simple_tree(tmp_path / "tree", per_class=5), resume="lenient").train_dataloader()
+    lenient.load_state_dict(state)  # warned: the epoch goes on from its start
+    assert lenient.position.batches == 0 and lenient.sampler.start == 0
+
+
+def test_a_loader_state_past_the_end_of_the_epoch_is_refused(tmp_path):
+    loader = small_dm(simple_tree(tmp_path / "tree", per_class=5)).train_dataloader()  # 5 batches
+    with pytest.raises(ResumeError, match="stands after batch 9, but an epoch has 5"):
+        loader.load_state_dict({**loader.state_dict(), "batches": 9})
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"seed": 1}, "source.seed 0 then, 1 now"),
+        ({"val_fraction": 0.21}, "source.val_fraction 0.2 then, 0.21 now"),
+    ],
+)
+def test_another_split_with_the_same_counts_is_refused(tmp_path, change, said):
+    tree = simple_tree(tmp_path / "tree", per_class=10)  # each class: 8 train, 2 val under both splits
+    dm = small_dm(tree, source=FolderSource(tree, val_fraction=0.2, seed=0))
+    state = dm.train_dataloader().state_dict()
+    other = small_dm(tree, source=FolderSource(tree, **{"val_fraction": 0.2, "seed": 0, **change}))
+    loader = other.train_dataloader()
+    assert len(loader.dataset) == state["samples"] == 24
+    with pytest.raises(ResumeError, match=re.escape(said)) as refused:
+        loader.load_state_dict(state)
+    if "seed" in change:  # other rows: the digest of the train split differs too
+        assert f"train split (digest of its sample rows) '{state['split']}' then" in str(refused.value)
+
+
+def test_a_split_of_the_same_rows_has_the_same_digest_in_any_source(tmp_path):
+    from feedline.datasets.lazy_folder import LazyFolderSource
+
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    lazy = make_lazy(tmp_path / "lazy", per_class=10)
+    digest = FolderSource(tree, val_fraction=0.2).split("train").digest()
+    assert LazyFolderSource(lazy, val_fraction=0.2).split("train").digest() == digest
+    assert FolderSource(tree, val_fraction=0.2, seed=1).split("train").digest() != digest
+
+
+def make_lazy(root, per_class: int) -> str:
+    from tests.helpers import make_tree
+
+    return make_tree(root, {c: [f"{i}.png" for i in range(per_class)] for c in ("cat", "dog", "eel")})
+
+
+def test_a_resume_at_an_epoch_boundary_checks_the_split_too(tmp_path):
+    """Lightning hands the train loader no state when it resumes at an epoch's end: the datamodule's copy
+    of it is checked instead, and a checkpoint with neither is refused."""
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    path = str(tmp_path / "epoch-end.ckpt")
+
+    def dm(seed, **options):
+        return labelled_dm(tree, source=FolderSource(tree, val_fraction=0.2, seed=seed), **options)
+
+    fit(dm(0), Record(path, (0, None, "epoch end")), max_epochs=1)
+    assert fit(dm(0), Record(), path, max_epochs=2)  # the same run: resumes at epoch 1
+    with pytest.raises(ResumeError, match="source.seed 0 then, 1 now"):
+        fit(dm(1), Record(), path, max_epochs=2)
+    edit_checkpoint(path, lambda c: c.pop("ImageDataModule"))
+    with pytest.raises(ResumeError, match="holds no train loader state"):
+        fit(dm(0), Record(), path, max_epochs=2)
+
+
+def test_checkpoints_record_the_seed_the_run_used_and_load_without_seed_everything(tmp_path, monkeypatch):
+    tree = forty_classes(tmp_path)
+    path = str(tmp_path / "step3.ckpt")
+    L.seed_everything(42)
+    fit_labels(labelled_dm(tree, seed=None), Labels(save=(3, path)), max_steps=3)
+    assert torch.load(path, weights_only=True)["datamodule_hyper_parameters"]["seed"] == 42
+    monkeypatch.delenv("PL_GLOBAL_SEED")  # a new process that never calls seed_everything
+    stacks = TransformStacks(batch=[v2.ToDtype(torch.float32, scale=True)])
+    dm = ImageDataModule.load_from_checkpoint(
+        path, transforms=stacks
+    )  # a stack built in Python: passed again
+    assert dm.seed == 42
+    rest = fit_labels(dm, Labels(), path, max_epochs=1)
+    assert len(rest) == 28
+
+
+def test_a_resume_error_prints_alone(monkeypatch, capsys):
+    from feedline.cli.instantiate import short_errors
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    message = "cannot resume the train loader: ... Or set data.resume=lenient to go on"
+    with pytest.raises(SystemExit), short_errors():
+        raise ResumeError(message)
+    assert f"Error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_split_of_the_same_size_stops_with_the_error_alone(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=30)  # 81 train samples under either seed
+    run = tmp_path / "run"
+    args = [
+        sys.executable,
+        "train.py",
+        "source=folder",
+        f"source.root={tree}",
+        "data.batch_size=16",
+        "data.num_workers=0",
+        f"hydra.run.dir={run}",
+        f"paths.output_dir={run}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "trainer.accelerator=cpu",
+        "logger=none",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+    def train_py(*overrides):
+        return subprocess.run(
+            [*args, *overrides], cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    first = train_py("callbacks.model_checkpoint.every_n_train_steps=3", "+trainer.max_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = train_py("ckpt_path=last", "source.seed=1")
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert "Error: cannot resume the train loader" in resumed.stderr
+    assert "source.seed 0 then, 1 now" in resumed.stderr and "train split (digest" in resumed.stderr
