@@ -43,6 +43,7 @@ from feedline.datasets.cache import (
 )
 from feedline.datasets.records import require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
+from feedline.datasets.scan_plan import scan_plan
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.
     extensions = normalize_extensions(extensions)
     for attempt in range(2):
         started = time.time_ns()
-        scan = scan_tree(root, extensions, workers)
+        scan = scan_tree(root, extensions, scan_plan(root, workers))
         racy = {d for d, mtime in scan.dirs if mtime >= started - RACY_WINDOW_NS}
         if not racy:
             break

@@ -50,6 +50,15 @@ class Source(Rebuildable, abc.ABC):
         return NotImplemented
 
 
+def check_class_names(names, where: str) -> list[str]:
+    """Class names as a list of strings, each once: a name given twice would label two classes alike."""
+    names = [str(n) for n in names]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where} names class(es) {', '.join(map(repr, twice[:10]))} more than once")
+    return names
+
+
 def read_bytes(path: str) -> np.ndarray:
     """The file's bytes as a writable uint8 array (torchvision decoders take it without a copy). Opened
     non-blocking, so a FIFO where an image should be is an error, not a reader blocked forever."""

@@ -30,6 +30,14 @@ def check_fraction(value, key: str = "source.val_fraction") -> float:
     return fraction
 
 
+def check_seed(value, key: str = "source.seed") -> int:
+    """A split seed: an integer from 0 to 2**64 - 1 (numpy's generators refuse negative ones), or an error
+    naming the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**64:
+        raise ValueError(f"{key}={value!r} must be an integer from 0 to 2**64 - 1 (it seeds the split)")
+    return int(value)
+
+
 def check_fractions(val, test) -> tuple[float, float]:
     """``source.val_fraction`` and ``source.test_fraction``, which must leave samples to train on."""
     val, test = check_fraction(val), check_fraction(test, "source.test_fraction")

@@ -214,34 +214,34 @@ def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
-    import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
     from tests.test_folder_index import AWKWARD
 
     root = make_tree(tmp_path / "t", {**AWKWARD, **{f"c{i}": [f"{i}.png"] for i in range(8)}})
     serial = open_index(root, cache_dir=tmp_path / "c1", workers=1)
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs" if kind == "threads" else "ext4")
-    assert scan.scan_plan(root, 2) == (kind, 2)
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "nfs" if kind == "threads" else "ext4")
+    assert plan.scan_plan(root, 2) == (kind, 2)
     parallel = open_index(root, cache_dir=tmp_path / "c2", workers=2)
     assert _samples(serial) == _samples(parallel) and serial.classes == parallel.classes
 
 
 def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path):
-    import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
 
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs4")
-    assert scan.scan_plan(str(tmp_path)) == ("threads", 16)
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "nfs4")
+    assert plan.scan_plan(str(tmp_path)) == ("threads", 16)
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "ext4")
     assert (
-        scan.scan_plan(str(tmp_path)) == ("processes", min(8, scan.available_cpus()))
-        or scan.available_cpus() == 1
+        plan.scan_plan(str(tmp_path)) == ("processes", min(8, plan.available_cpus()))
+        or plan.available_cpus() == 1
     )
-    assert scan.scan_plan(str(tmp_path), 1) == ("serial", 1)
+    assert plan.scan_plan(str(tmp_path), 1) == ("serial", 1)
     with pytest.raises(ValueError, match="source.scan_workers"):
-        scan.scan_plan(str(tmp_path), 0)
+        plan.scan_plan(str(tmp_path), 0)
 
 
 def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
-    from feedline.datasets.scan import filesystem_type
+    from feedline.datasets.scan_plan import filesystem_type
 
     table = tmp_path / "mounts"
     table.write_text(
@@ -258,6 +258,7 @@ def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
 
 def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):
     import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
 
     root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
     monkeypatch.setattr(
@@ -265,7 +266,7 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
         "_WORKER",
         [sys.executable, "-c", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"],
     )
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "ext4")
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
         open_index(root, cache_dir=tmp_path / "cache", workers=2)
     assert problem(index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")) == "missing"
