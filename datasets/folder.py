@@ -12,8 +12,9 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import check_refresh
-from feedline.datasets.index import FolderIndex, PackedIndex, open_index
+from feedline.datasets.index import FolderIndex, open_index
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
+from feedline.datasets.packed import PackedIndex
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.scan_plan import check_scan_workers
@@ -25,7 +26,7 @@ class FolderRecords(Records):
 
     def __init__(self, index: PackedIndex, root: str, subset=None, label_map=None):
         super().__init__(subset)
-        self.index = PackedIndex(index.directory)  # arrays only: the metadata stays in the main process
+        self.index = index.view()  # arrays only: the metadata stays in the main process
         self.root = root
         self.label_map = tuple(label_map) if label_map is not None else None
 

@@ -121,25 +121,54 @@ class InMemoryArray:
         self.array = array
 
 
+class CacheReplacedError(ValueError):
+    """A cache file a run had mapped was replaced by another process (a rebuild after the data changed)."""
+
+
+def file_identity(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of ``path``, or None when it is gone: a replaced file has another."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_identity(path: str, identity, what: str) -> None:
+    """Refuse to map ``path`` in a worker when it is no longer the file its run mapped: another process
+    sharing the cache rebuilt it, and its rows would be other samples under the same numbers."""
+    if identity is not None and file_identity(path) != tuple(identity):
+        raise CacheReplacedError(
+            f"{what} {path} was rebuilt by another process after this run read it (the data changed, or "
+            "another run shares the cache): this run's workers would read other samples. Restart the run "
+            "(it reads the new cache), or give concurrent runs their own paths.cache_dir"
+        )
+
+
 class LazyArray:
-    """A ``.npy`` file mapped on first use; pickles as its path."""
+    """A ``.npy`` file mapped on first use; pickles as its path and, once mapped, the file's identity, so a
+    worker never maps a file that replaced it (``check_identity``)."""
 
-    __slots__ = ("path", "_array")
+    __slots__ = ("path", "_array", "_identity")
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, identity=None):
         self.path = str(path)
         self._array = None
+        self._identity = identity
 
     def __getstate__(self):
-        return self.path
+        return self.path, self._identity
 
-    def __setstate__(self, path):
-        self.__init__(path)
+    def __setstate__(self, state):
+        self.__init__(*((state, None) if isinstance(state, str) else state))
 
     @property
     def array(self) -> np.ndarray:
         if self._array is None:
+            check_identity(self.path, self._identity, "the cached array")
+            identity = file_identity(self.path)
             self._array = np.load(self.path, mmap_mode="r")
+            self._identity = self._identity or identity
         return self._array
 
 

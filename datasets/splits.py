@@ -8,6 +8,7 @@ validates on the same samples.
 from __future__ import annotations
 
 import logging
+import zlib
 from fractions import Fraction
 from pathlib import Path
 
@@ -162,7 +163,11 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
             stratified_split(counts, fraction, seed, order, test_fraction)[PARTS.index(name)]
         )
     directory = Path(directory)
+    # The counts are in the name: a split drawn for other counts (the data changed, another process shares
+    # the cache) is never read back as this one, even where its sizes happen to agree.
+    drawn_for = zlib.crc32(np.asarray(counts, dtype=np.int64).tobytes())
     tag = f"split-{seed}-{fraction!r}" + (f"-test-{test_fraction!r}" if test_fraction else "") + RULE
+    tag += f"-{drawn_for:08x}"
     parts = PARTS if test_fraction else PARTS[:2]
     paths = {part: directory / f"{tag}-{part}.npy" for part in parts}
     first_use = not any(p.exists() or p.with_name(p.name + ".sum").exists() for p in paths.values())
@@ -170,7 +175,9 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
         for part, rows in zip(PARTS, stratified_split(counts, fraction, seed, order, test_fraction)):
             if part in paths:
                 save_array(paths[part], rows)
-    return LazyArray(paths[name])
+    rows = LazyArray(paths[name])
+    rows.array  # noqa: B018 - mapped now: workers inherit this very file, or refuse one that replaced it
+    return rows
 
 
 def _sound(paths: dict, counts, fraction: float, test_fraction: float) -> bool:

@@ -118,6 +118,31 @@ def test_a_built_index_stays_readable_when_a_newer_build_replaces_its_directory(
     assert len(_samples(index)) == 18 and index.dirs()
 
 
+def test_a_run_reads_its_own_index_when_another_process_rebuilds_the_shared_cache(tmp_path):
+    """Run A has split its data; run B, sharing the cache, re-indexes the changed tree into the same
+    directory. A's forked workers keep the maps they inherit; a worker that maps afresh (spawn) refuses."""
+    from torch.utils.data import DataLoader
+
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.records import CacheReplacedError
+
+    root = simple_tree(tmp_path / "tree", per_class=4)
+    mine = FolderSource(root, cache_dir=tmp_path / "cache", val_fraction=0.25)
+    mine.prepare()
+    records = mine.split("train")  # the main process reads no sample: its workers do
+    copy = pickle.loads(pickle.dumps(records))
+    expected = [(copy.describe(i), copy[i][1]) for i in range(len(copy))]
+    make_tree(root, {"cat": ["000a.png"]}, backdate=False)  # sorts second: every later row shifts
+    theirs = FolderSource(root, cache_dir=tmp_path / "cache", val_fraction=0.25)
+    theirs.prepare()
+    theirs.split("train")
+    forked = DataLoader(SampleDataset(records, with_paths=True), batch_size=None, num_workers=2)
+    assert sorted((path, int(label)) for _, label, path in forked) == sorted(expected)
+    spawned = pickle.loads(pickle.dumps(records))
+    with pytest.raises(CacheReplacedError, match=r"rebuilt by another process .* own paths\.cache_dir"):
+        spawned[0]
+
+
 def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
     root = make_tree(tmp_path / "t", {"a": ["1.png", "sub/2.png"], "b": ["3.png"]})
     os.symlink(os.path.join(root, "a"), os.path.join(root, "a", "sub", "back"))
