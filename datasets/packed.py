@@ -49,12 +49,15 @@ class PackedIndex:
         if self._arrays is None:
             first = os.path.join(self.directory, f"{_ARRAYS[0]}.npy")
             check_identity(first, self._identity, "the folder index")
-            identity = file_identity(first)
+            identity = file_identity(first, self._recorded_crc())
             self._arrays = tuple(
                 np.load(os.path.join(self.directory, f"{name}.npy"), mmap_mode="r") for name in _ARRAYS
             )
             self._identity = self._identity or identity
         return self._arrays
+
+    def _recorded_crc(self) -> int | None:
+        return None  # FolderIndex knows it from meta.json
 
     def __len__(self) -> int:
         return len(self.arrays[1]) - 1
@@ -79,6 +82,9 @@ class FolderIndex(PackedIndex):
                 meta = json.load(f)
         self.meta = meta
         self._dirs = None
+
+    def _recorded_crc(self) -> int | None:
+        return self.meta.get("files", {}).get(f"{_ARRAYS[0]}.npy", {}).get("crc32")
 
     @property
     def root(self) -> str:

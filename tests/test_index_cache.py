@@ -143,6 +143,20 @@ def test_a_run_reads_its_own_index_when_another_process_rebuilds_the_shared_cach
         spawned[0]
 
 
+def test_a_split_another_process_draws_again_with_the_same_rows_is_the_same_split(tmp_path, tree):
+    """Ranks or runs that split at the same moment each write the (identical) split file: a worker that
+    maps afresh reads the same rows, not an error."""
+    import numpy as np
+
+    from feedline.datasets.cache import save_array
+
+    records = FolderSource(tree, cache_dir=tmp_path / "cache", val_fraction=0.25).split("train")
+    rows = np.array(records.subset.array)
+    save_array(records.subset.path, rows.copy())  # another inode, the same bytes
+    spawned = pickle.loads(pickle.dumps(records))
+    assert [spawned.row(i) for i in range(len(spawned))] == rows.tolist()
+
+
 def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
     root = make_tree(tmp_path / "t", {"a": ["1.png", "sub/2.png"], "b": ["3.png"]})
     os.symlink(os.path.join(root, "a"), os.path.join(root, "a", "sub", "back"))
