@@ -214,10 +214,10 @@ class ImageLoaders:
                 f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
             )
         share = getattr(self.source, f"{split}_fraction", 0) if split in ("val", "test") else 0
-        if share and not len(records):  # each class's share rounds to 0 samples
+        if share and not len(records):  # each class's share rounds to 0, or would leave it no training sample
             message = (
-                f"source.{split}_fraction={share} holds out no sample: each class's share rounds to 0; "
-                f"raise source.{split}_fraction"
+                f"source.{split}_fraction={share} holds out no sample: each class's share rounds to 0, or would "
+                f"take its last training sample; raise source.{split}_fraction, or add samples"
             )
             if split == "test":
                 raise ValueError(f"the test split is empty: {message}")

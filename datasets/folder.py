@@ -12,11 +12,13 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import check_refresh
-from feedline.datasets.index import FolderIndex, PackedIndex, open_index
+from feedline.datasets.index import FolderIndex, open_index
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
+from feedline.datasets.packed import PackedIndex
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
-from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
+from feedline.datasets.scan_plan import check_scan_workers
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
 
 class FolderRecords(Records):
@@ -24,7 +26,7 @@ class FolderRecords(Records):
 
     def __init__(self, index: PackedIndex, root: str, subset=None, label_map=None):
         super().__init__(subset)
-        self.index = PackedIndex(index.directory)  # arrays only: the metadata stays in the main process
+        self.index = index.view()  # arrays only: the metadata stays in the main process
         self.root = root
         self.label_map = tuple(label_map) if label_map is not None else None
 
@@ -71,11 +73,11 @@ class FolderSource(Source):
         self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
         self.test_root = os.path.abspath(os.path.expanduser(str(test_root))) if test_root else None
         self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.extensions = normalize_extensions(extensions)
         self.cache_dir = cache_dir
         self.refresh = check_refresh(refresh)
-        self.scan_workers = scan_workers
+        self.scan_workers = check_scan_workers(scan_workers)
         if self.val_root:
             self.val_fraction = 0.0  # val comes from val_root; train keeps root's samples
         if self.test_root:

@@ -17,8 +17,8 @@ from feedline.datasets.cache import cache_path, check_array, save_array
 from feedline.datasets.hdf5_files import check_path, map_array, open_hdf5
 from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
-from feedline.datasets.records import LazyArray, Records, Source
-from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
+from feedline.datasets.records import LazyArray, Records, Source, check_class_names
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class HDF5Source(Source):
             self.val_fraction = 0.0
         if self.test_path:
             self.test_fraction = 0.0
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.images_key, self.labels_key = images_key, labels_key
         self.cache_dir = cache_dir
         if layout not in LAYOUTS:
@@ -176,7 +176,7 @@ class HDF5Source(Source):
                 f"source.dtype={dtype!r} is not one of: {', '.join(SCALES)} (or null: from the file)"
             )
         self._layout_arg, self._dtype_arg = layout, dtype
-        self._given_classes = list(classes) if classes else None
+        self._given_classes = check_class_names(classes, "source.classes") if classes else None
         self._inspected: dict | None = None
         if self._check_now():
             self._files  # noqa: B018 - check the file now: a bad path or key fails before any work starts

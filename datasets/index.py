@@ -11,7 +11,9 @@ One directory per indexed root, under ``<cache_dir>/folder-index/``:
 
 A build writes into a temporary directory beside the final one and renames it into place, so readers
 never see half an index and concurrent builders both end with a valid one. Readers map the arrays with
-numpy (``mmap_mode="r"``): every rank and DataLoader worker shares the same page-cache pages.
+numpy (``mmap_mode="r"``, ``datasets/packed.py``): every rank and DataLoader worker shares the same
+page-cache pages. A run keeps the files it mapped when another process rebuilds the directory: forked
+workers inherit its maps, and a worker that maps afresh refuses files that replaced them.
 
 ``feedline-index ROOT`` (``feedline.cli.index``) builds or shows the index of one tree.
 """
@@ -41,8 +43,10 @@ from feedline.datasets.cache import (
     temporary_prefix,
     write_array,
 )
+from feedline.datasets.packed import FolderIndex
 from feedline.datasets.records import require_dir
 from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
+from feedline.datasets.scan_plan import scan_plan
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,6 @@ FORMAT = 3  # 3: checksums of every file in meta.json
 # Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
 # window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
 RACY_WINDOW_NS = 50_000_000
-_ARRAYS = ("paths", "offsets", "labels")
 
 
 def index_dir(root: str, extensions, cache_dir: str | None) -> Path:
@@ -58,79 +61,6 @@ def index_dir(root: str, extensions, cache_dir: str | None) -> Path:
     root = os.path.abspath(os.path.expanduser(root))
     key = [root, sorted(normalize_extensions(extensions))]
     return cache_path("folder-index", os.path.basename(root), key, cache_dir)
-
-
-class PackedIndex:
-    """The mapped arrays of one index directory.
-
-    It pickles as its directory name and maps the arrays lazily in the process that reads, so sending it
-    to a spawned worker costs a few bytes, and forked workers share pages instead of copying a list.
-    """
-
-    __slots__ = ("directory", "_arrays")
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = str(directory)
-        self._arrays = None
-
-    def __getstate__(self):
-        return self.directory
-
-    def __setstate__(self, directory):
-        self.__init__(directory)
-
-    @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._arrays is None:
-            self._arrays = tuple(
-                np.load(os.path.join(self.directory, f"{name}.npy"), mmap_mode="r") for name in _ARRAYS
-            )
-        return self._arrays
-
-    def __len__(self) -> int:
-        return len(self.arrays[1]) - 1
-
-    def relpath(self, i: int) -> str:
-        paths, offsets, _ = self.arrays
-        return paths[offsets[i] : offsets[i + 1] - 1].tobytes().decode("utf-8", "surrogateescape")
-
-    def label(self, i: int) -> int:
-        return int(self.arrays[2][i])
-
-
-class FolderIndex(PackedIndex):
-    """An index with its metadata, as the source sees it in the main process."""
-
-    __slots__ = ("meta", "_dirs")
-
-    def __init__(self, directory, meta: dict | None = None):
-        super().__init__(directory)
-        if meta is None:
-            with open(os.path.join(self.directory, "meta.json"), encoding="utf-8") as f:
-                meta = json.load(f)
-        self.meta = meta
-        self._dirs = None
-
-    @property
-    def root(self) -> str:
-        return self.meta["root"]
-
-    @property
-    def classes(self) -> list[str]:
-        return self.meta["classes"]
-
-    @property
-    def counts(self) -> list[int]:
-        return self.meta["counts"]
-
-    def __len__(self) -> int:
-        return self.meta["num_samples"]
-
-    def dirs(self) -> list[tuple[str, int]]:
-        if self._dirs is None:
-            with open(os.path.join(self.directory, "dirs.json"), encoding="utf-8") as f:
-                self._dirs = json.load(f)
-        return self._dirs
 
 
 def problem(directory: Path) -> str | None:
@@ -181,7 +111,7 @@ def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.
     extensions = normalize_extensions(extensions)
     for attempt in range(2):
         started = time.time_ns()
-        scan = scan_tree(root, extensions, workers)
+        scan = scan_tree(root, extensions, scan_plan(root, workers))
         racy = {d for d, mtime in scan.dirs if mtime >= started - RACY_WINDOW_NS}
         if not racy:
             break

@@ -55,6 +55,19 @@ def _extension_of(root: str, name: str, names: list[str], extension: str | None)
     )
 
 
+def check_extension(extension) -> str | None:
+    """``source.extension`` with its dot (``jpg`` -> ``.jpg``), or None (detected per class)."""
+    if extension is None or extension == "":
+        return None
+    ext = str(extension) if str(extension).startswith(".") else f".{extension}"
+    if len(ext) < 2 or "/" in ext or "\0" in ext or not isinstance(extension, str):
+        raise ValueError(
+            f"source.extension={extension!r} is not a file extension: give one such as .jpg, or null to "
+            "detect each class's own"
+        )
+    return ext
+
+
 def class_count(root: str, name: str, extension: str | None = None) -> tuple[str, int]:
     """(extension, number of samples) of one class, from one listing. Normally: the number of files,
     confirmed by two stats (``n-1`` exists, ``n`` does not); else the highest index + 1, with a warning."""
@@ -63,6 +76,11 @@ def class_count(root: str, name: str, extension: str | None = None) -> tuple[str
     ext = _extension_of(root, name, names, extension)
     if extension:
         names = [n for n in names if n.endswith(ext)]
+        if not names:
+            raise LayoutError(
+                f"class folder {os.path.join(root, name)} has no '{ext}' file (source.extension={ext}; "
+                "null detects each class's extension)"
+            )
     n = len(names)
     if (
         n

@@ -16,10 +16,10 @@ import logging
 import os
 
 from feedline.datasets.cache import cache_path, check_refresh, json_checksum, stale_dirs, write_text
-from feedline.datasets.lazy_checks import LayoutError, class_count, verify_tree
+from feedline.datasets.lazy_checks import LayoutError, check_extension, class_count, verify_tree
 from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
-from feedline.datasets.splits import check_fractions, check_split, no_test_split, subset_for
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,8 @@ class LazyFolderSource(Source):
         self.test_root = require_dir(test_root, "source.test_root") if test_root else None
         if self.test_root:
             self.test_fraction = 0.0
-        self.seed = int(seed)
-        self.extension = (
-            (extension if str(extension).startswith(".") else f".{extension}") if extension else None
-        )
+        self.seed = check_seed(seed)
+        self.extension = check_extension(extension)
         self.verify = bool(verify)
         self.cache_dir = cache_dir
         self.refresh = check_refresh(refresh)

@@ -43,31 +43,18 @@ log = logging.getLogger(__name__)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def normalize_extensions(extensions) -> tuple[str, ...]:
-    exts = tuple(str(e).lower() for e in extensions)
-    return tuple(e if e.startswith(".") else "." + e for e in exts)
-
-
-NETWORK_FILESYSTEMS = {
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "smbfs",
-    "lustre",
-    "gpfs",
-    "beegfs",
-    "ceph",
-    "cephfs",
-    "glusterfs",
-    "9p",
-    "afs",
-    "panfs",
-    "wekafs",
-    "orangefs",
-    "pvfs2",
-    "davfs",
-}
+def normalize_extensions(extensions, key: str = "source.extensions") -> tuple[str, ...]:
+    """Lower-case extensions with their dot (``JPG`` -> ``.jpg``; one string is one extension). An empty
+    list, or an entry with nothing after the dot, would match every file: an error naming ``key``."""
+    if isinstance(extensions, str):
+        extensions = [extensions]
+    given = [str(e) for e in extensions]
+    exts = tuple(e if e.startswith(".") else "." + e for e in (g.strip().lower() for g in given))
+    bad = [g for g, e in zip(given, exts) if len(e) < 2 or "/" in e or "\0" in e]
+    if not exts or bad:
+        why = f"{', '.join(map(repr, bad))} is not one" if bad else "an empty list matches no image"
+        raise ValueError(f"{key}={given!r} must list file extensions such as [.jpg, .png]: {why}")
+    return exts
 
 
 class _NameFilter:
@@ -95,48 +82,6 @@ def _matching(names: list[str], name_filter: _NameFilter) -> list[str]:
             if found == len(names):
                 return names
     return name_filter.findall(joined)
-
-
-def filesystem_type(path: str, mounts: str = "/proc/self/mounts") -> str:
-    """The type of the filesystem holding ``path`` (the longest mount point above it in the mount
-    table), or "" when unknown."""
-    path = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        with open(mounts, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, fstype = mount, fields[2]
-    except OSError:
-        return ""
-    return fstype
-
-
-def scan_plan(root: str, workers="auto") -> tuple[str, int]:
-    """How to list the class directories: ("threads" | "processes" | "serial", how many).
-
-    Network filesystems (listings wait on round trips): 16 threads. Local disks (listings are CPU-bound
-    and threads convoy on the GIL): one worker process per CPU, up to 8. An explicit ``workers`` keeps
-    that choice of kind and sets the count; 1 means serial.
-    """
-    fstype = filesystem_type(root)
-    network = fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse")
-    if workers in ("auto", None):
-        workers = 16 if network else min(8, available_cpus())
-    try:
-        workers = int(workers)
-    except (TypeError, ValueError):
-        workers = 0
-    if workers < 1:
-        raise ValueError(f"source.scan_workers={workers!r} must be an integer >= 1 or 'auto'")
-    if workers == 1:
-        return "serial", 1
-    return ("threads" if network else "processes"), workers
 
 
 def available_cpus() -> int:
@@ -277,15 +222,16 @@ class TreeScan:
         return sum(self.counts)
 
 
-def scan_tree(root: str, extensions, workers="auto") -> TreeScan:
-    """Scan ``root/<class>/**/<file>``, one task per class directory."""
+def scan_tree(root: str, extensions, plan: tuple[str, int] = ("serial", 1)) -> TreeScan:
+    """Scan ``root/<class>/**/<file>``, one task per class directory, as ``plan`` says
+    (``scan_plan.scan_plan``: threads, processes or serial, and how many)."""
     from tqdm.auto import tqdm
 
     extensions = normalize_extensions(extensions)
     name_filter = _NameFilter(extensions)
     root_mtime = os.stat(root).st_mtime_ns
     classes = list_classes(root)
-    kind, workers = scan_plan(root, workers)
+    kind, workers = plan
     if len(classes) < 2 * workers:
         kind = "serial"
     task = functools.partial(scan_class, root=root, name_filter=name_filter)

@@ -8,6 +8,7 @@ validates on the same samples.
 from __future__ import annotations
 
 import logging
+import zlib
 from fractions import Fraction
 from pathlib import Path
 
@@ -28,6 +29,14 @@ def check_fraction(value, key: str = "source.val_fraction") -> float:
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"{key}={value} must be in [0, 1)")
     return fraction
+
+
+def check_seed(value, key: str = "source.seed") -> int:
+    """A split seed: an integer from 0 to 2**64 - 1 (numpy's generators refuse negative ones), or an error
+    naming the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**64:
+        raise ValueError(f"{key}={value!r} must be an integer from 0 to 2**64 - 1 (it seeds the split)")
+    return int(value)
 
 
 def check_fractions(val, test) -> tuple[float, float]:
@@ -154,7 +163,11 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
             stratified_split(counts, fraction, seed, order, test_fraction)[PARTS.index(name)]
         )
     directory = Path(directory)
+    # The counts are in the name: a split drawn for other counts (the data changed, another process shares
+    # the cache) is never read back as this one, even where its sizes happen to agree.
+    drawn_for = zlib.crc32(np.asarray(counts, dtype=np.int64).tobytes())
     tag = f"split-{seed}-{fraction!r}" + (f"-test-{test_fraction!r}" if test_fraction else "") + RULE
+    tag += f"-{drawn_for:08x}"
     parts = PARTS if test_fraction else PARTS[:2]
     paths = {part: directory / f"{tag}-{part}.npy" for part in parts}
     first_use = not any(p.exists() or p.with_name(p.name + ".sum").exists() for p in paths.values())
@@ -162,7 +175,9 @@ def split_rows(name: str, counts, fraction: float, seed: int, directory=None, or
         for part, rows in zip(PARTS, stratified_split(counts, fraction, seed, order, test_fraction)):
             if part in paths:
                 save_array(paths[part], rows)
-    return LazyArray(paths[name])
+    rows = LazyArray(paths[name])
+    rows.array  # noqa: B018 - mapped now: workers inherit this very file, or refuse one that replaced it
+    return rows
 
 
 def _sound(paths: dict, counts, fraction: float, test_fraction: float) -> bool:

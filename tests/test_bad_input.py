@@ -51,6 +51,68 @@ def test_bad_config_values_name_their_key(tree):
         FolderSource(tree, refresh="sometimes")
 
 
+def _lazy(tree, tmp_path, **options):
+    from feedline.datasets.lazy_folder import LazyFolderSource
+    from feedline.writers.lazy_layout import layout
+
+    layout(tree, str(tmp_path / "lazy"), cache_dir=str(tmp_path / "layout-cache"))
+    return LazyFolderSource(tmp_path / "lazy", cache_dir=tmp_path / "cache", **options)
+
+
+def _hdf5(tree, tmp_path, **options):
+    import h5py
+    import numpy as np
+
+    from feedline.datasets.hdf5 import HDF5Source
+
+    with h5py.File(tmp_path / "tiny.h5", "w") as f:
+        f["images"] = np.zeros((4, 3, 8, 8), np.uint8)
+        f["labels"] = np.array([0, 1, 2, 0])
+    return HDF5Source(tmp_path / "tiny.h5", cache_dir=tmp_path / "cache", **options)
+
+
+def _folder(tree, tmp_path, **options):
+    return FolderSource(tree, cache_dir=tmp_path / "cache", **options)
+
+
+EXTREMES = [
+    (source, {"seed": seed}, r"source\.seed=.* must be an integer from 0 to 2\*\*64 - 1")
+    for source in (_folder, _lazy, _hdf5)
+    for seed in (-1, 2**64, 1.5)
+] + [
+    (_folder, {"scan_workers": 0}, r"source\.scan_workers=0 must be 'auto' or an integer from 1"),
+    (_folder, {"scan_workers": -4}, r"source\.scan_workers=-4 must be"),
+    (_folder, {"scan_workers": 10**6}, r"source\.scan_workers=1000000 must be .* to \d+ \(8 per CPU"),
+    (_folder, {"scan_workers": "many"}, r"source\.scan_workers='many' must be"),
+    (_folder, {"extensions": []}, r"source\.extensions=\[\] .*an empty list matches no image"),
+    (_folder, {"extensions": [".png", ""]}, r"source\.extensions=\['\.png', ''\] .*'' is not one"),
+    (_lazy, {"extension": "."}, r"source\.extension='\.' is not a file extension"),
+    (_hdf5, {"classes": ["a", "b", "a"]}, r"source\.classes names class\(es\) 'a' more than once"),
+]
+
+
+@pytest.mark.parametrize(
+    "make, options, said", EXTREMES, ids=[f"{m.__name__[1:]}-{o}" for m, o, _ in EXTREMES]
+)
+def test_source_values_out_of_range_are_refused_by_key_before_any_work(tree, tmp_path, make, options, said):
+    with pytest.raises(ValueError, match=said):
+        make(tree, tmp_path, **options)
+    assert not (tmp_path / "cache").exists()  # nothing indexed, counted or cached
+
+
+def test_a_source_seed_out_of_range_is_refused_from_the_command_line(make_cfg, tree):
+    from feedline.cli.instantiate import instantiate
+
+    cfg = make_cfg("source=folder", f"source.root={tree}", "source.seed=-1")
+    with pytest.raises(ValueError, match=r"source\.seed=-1 must be an integer"):
+        instantiate(cfg.data, "data")
+
+
+def test_a_lazy_class_without_a_file_of_the_given_extension_is_named(tree, tmp_path):
+    with pytest.raises(ValueError, match=r"class folder .*/lazy/cat has no '\.jpg' file \(source\.extension"):
+        _lazy(tree, tmp_path, extension="jpg").prepare()
+
+
 @pytest.fixture
 def corrupt_tree(tmp_path):
     root = make_tree(

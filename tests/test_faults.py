@@ -365,15 +365,20 @@ def test_common_trainer_keys_are_checked_before_any_work(make_cfg, tree, overrid
         train_module.train(cfg)
 
 
-def test_an_empty_train_split_names_the_key(make_cfg, tmp_path):
+def test_a_val_share_that_would_empty_every_class_leaves_each_a_training_sample_and_says_so(
+    make_cfg, tmp_path, caplog
+):
     from feedline.cli.instantiate import instantiate
 
     root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png"]})
     cfg = make_cfg("source=folder", f"source.root={root}", "source.val_fraction=0.9")
     dm = instantiate(cfg.data, "data")
     dm.prepare_data()
-    with pytest.raises(ValueError, match=r"train split .* is empty: lower source\.val_fraction"):
+    with caplog.at_level("WARNING"):
         dm.setup("fit")
+    assert len(dm.datasets["train"]) == 2 and len(dm.datasets["val"]) == 0
+    assert "every sample of 2 class(es) (samples in brackets): 'a' (1), 'b' (1)" in caplog.text
+    assert "the val split is empty: source.val_fraction=0.9 holds out no sample" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,45 @@ def test_a_built_index_stays_readable_when_a_newer_build_replaces_its_directory(
     assert len(_samples(index)) == 18 and index.dirs()
 
 
+def test_a_run_reads_its_own_index_when_another_process_rebuilds_the_shared_cache(tmp_path):
+    """Run A has split its data; run B, sharing the cache, re-indexes the changed tree into the same
+    directory. A's forked workers keep the maps they inherit; a worker that maps afresh (spawn) refuses."""
+    from torch.utils.data import DataLoader
+
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.records import CacheReplacedError
+
+    root = simple_tree(tmp_path / "tree", per_class=4)
+    mine = FolderSource(root, cache_dir=tmp_path / "cache", val_fraction=0.25)
+    mine.prepare()
+    records = mine.split("train")  # the main process reads no sample: its workers do
+    copy = pickle.loads(pickle.dumps(records))
+    expected = [(copy.describe(i), copy[i][1]) for i in range(len(copy))]
+    make_tree(root, {"cat": ["000a.png"]}, backdate=False)  # sorts second: every later row shifts
+    theirs = FolderSource(root, cache_dir=tmp_path / "cache", val_fraction=0.25)
+    theirs.prepare()
+    theirs.split("train")
+    forked = DataLoader(SampleDataset(records, with_paths=True), batch_size=None, num_workers=2)
+    assert sorted((path, int(label)) for _, label, path in forked) == sorted(expected)
+    spawned = pickle.loads(pickle.dumps(records))
+    with pytest.raises(CacheReplacedError, match=r"rebuilt by another process .* own paths\.cache_dir"):
+        spawned[0]
+
+
+def test_a_split_another_process_draws_again_with_the_same_rows_is_the_same_split(tmp_path, tree):
+    """Ranks or runs that split at the same moment each write the (identical) split file: a worker that
+    maps afresh reads the same rows, not an error."""
+    import numpy as np
+
+    from feedline.datasets.cache import save_array
+
+    records = FolderSource(tree, cache_dir=tmp_path / "cache", val_fraction=0.25).split("train")
+    rows = np.array(records.subset.array)
+    save_array(records.subset.path, rows.copy())  # another inode, the same bytes
+    spawned = pickle.loads(pickle.dumps(records))
+    assert [spawned.row(i) for i in range(len(spawned))] == rows.tolist()
+
+
 def test_symlink_loop_is_reported_and_skipped(tmp_path, caplog):
     root = make_tree(tmp_path / "t", {"a": ["1.png", "sub/2.png"], "b": ["3.png"]})
     os.symlink(os.path.join(root, "a"), os.path.join(root, "a", "sub", "back"))
@@ -214,34 +253,34 @@ def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
-    import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
     from tests.test_folder_index import AWKWARD
 
     root = make_tree(tmp_path / "t", {**AWKWARD, **{f"c{i}": [f"{i}.png"] for i in range(8)}})
     serial = open_index(root, cache_dir=tmp_path / "c1", workers=1)
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs" if kind == "threads" else "ext4")
-    assert scan.scan_plan(root, 2) == (kind, 2)
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "nfs" if kind == "threads" else "ext4")
+    assert plan.scan_plan(root, 2) == (kind, 2)
     parallel = open_index(root, cache_dir=tmp_path / "c2", workers=2)
     assert _samples(serial) == _samples(parallel) and serial.classes == parallel.classes
 
 
 def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path):
-    import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
 
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "nfs4")
-    assert scan.scan_plan(str(tmp_path)) == ("threads", 16)
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "nfs4")
+    assert plan.scan_plan(str(tmp_path)) == ("threads", 16)
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "ext4")
     assert (
-        scan.scan_plan(str(tmp_path)) == ("processes", min(8, scan.available_cpus()))
-        or scan.available_cpus() == 1
+        plan.scan_plan(str(tmp_path)) == ("processes", min(8, plan.available_cpus()))
+        or plan.available_cpus() == 1
     )
-    assert scan.scan_plan(str(tmp_path), 1) == ("serial", 1)
+    assert plan.scan_plan(str(tmp_path), 1) == ("serial", 1)
     with pytest.raises(ValueError, match="source.scan_workers"):
-        scan.scan_plan(str(tmp_path), 0)
+        plan.scan_plan(str(tmp_path), 0)
 
 
 def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
-    from feedline.datasets.scan import filesystem_type
+    from feedline.datasets.scan_plan import filesystem_type
 
     table = tmp_path / "mounts"
     table.write_text(
@@ -258,6 +297,7 @@ def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
 
 def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):
     import feedline.datasets.scan as scan
+    import feedline.datasets.scan_plan as plan
 
     root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
     monkeypatch.setattr(
@@ -265,7 +305,7 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
         "_WORKER",
         [sys.executable, "-c", "import sys; sys.stderr.write('PermissionError: denied\\n'); sys.exit(1)"],
     )
-    monkeypatch.setattr(scan, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(plan, "filesystem_type", lambda path: "ext4")
     with pytest.raises(OSError, match="scanning .* failed: PermissionError: denied"):
         open_index(root, cache_dir=tmp_path / "cache", workers=2)
     assert problem(index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")) == "missing"

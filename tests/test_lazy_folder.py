@@ -229,6 +229,21 @@ def test_manifest_is_refreshed_when_a_class_changes(tmp_path):
     assert len(LazyFolderSource(root, cache_dir=tmp_path / "c", val_fraction=0).split("train")) == 8
 
 
+def test_a_split_cached_for_other_counts_is_never_read_back_even_when_its_sizes_agree(tmp_path):
+    from feedline.datasets.splits import stratified_split
+
+    def val_rows():
+        source = LazyFolderSource(root, cache_dir=tmp_path / "c", val_fraction=0.25)
+        source.prepare()  # a manifest: the split is cached beside it
+        return list(source.split("val").subset.array)
+
+    root = _lazy_tree(tmp_path / "t", {"a": 4, "b": 5})
+    assert val_rows() == list(stratified_split([4, 5], 0.25, 0)[1])
+    os.remove(os.path.join(root, "b", "4.jpg"))
+    make_tree(root, {"a": ["4.jpg"]}, backdate=False)  # 5 and 4 now: one val sample per class, as before
+    assert val_rows() == list(stratified_split([5, 4], 0.25, 0)[1])
+
+
 def test_corrupt_manifest_is_rebuilt(tmp_path, caplog):
     root = _lazy_tree(tmp_path / "t", {"a": 4})
     source = LazyFolderSource(root, cache_dir=tmp_path / "c", val_fraction=0)
