@@ -42,7 +42,12 @@ from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_s
 from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.predict import PredictLoader
 from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, Resuming
-from feedline.datamodules.resume_checks import check_resume_mode, counted_in, lightning_position
+from feedline.datamodules.resume_checks import (
+    check_resume_mode,
+    counted_in,
+    lightning_position,
+    shift_batches,
+)
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
@@ -256,6 +261,7 @@ class ImageLoaders:
             checks=self._resume_checks(dataset, settings["batch_size"], world_size, seed),
             mode=self.resume,
             progress=self._fit_progress,
+            shift=self._shift_batches,
             resuming=self._resuming(),
             drop_last=self.drop_last,
             **settings,
@@ -274,6 +280,12 @@ class ImageLoaders:
         if trainer is None or trainer.state.fn != "fit":
             return None
         return lightning_position(trainer.fit_loop)
+
+    def _shift_batches(self, delta: int) -> None:
+        """A resume on another world or batch size: Lightning's count of the epoch's batches moves with it."""
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            shift_batches(trainer.fit_loop, delta)
 
     def _resuming(self) -> Resuming | None:
         """What the first train loader of a resumed fit checks (``ImageDataModule``'s); no Trainer: none."""

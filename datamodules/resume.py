@@ -1,14 +1,16 @@
 """Mid-epoch resume: the train loader's position is part of the checkpoint, and restoring it costs O(1).
 
-The train order of an epoch is a pure function of (seed, epoch): a seeded permutation, padded or cut to a
-multiple of the world size like ``DistributedSampler``, each rank taking every ``world_size``-th entry. So a
-position is two numbers, the epoch and the batches this rank has consumed in it, and resuming is slicing the
-rank's order, with no sample read, decoded or even listed on the way.
+The train order of an epoch is a pure function of (seed, epoch), and each rank reads every
+``world_size``-th entry of it (``order.py``). So the samples consumed after k batches of B on W ranks are the
+order's first k*B*W entries, whatever the world: a position is the epoch and that count, and resuming is
+slicing the order, with no sample read, decoded or even listed on the way. A resume on another world size or
+batch size (elastic) reads the rest of the epoch split over the new world, each sample once; Lightning's
+count of the epoch's batches is moved to match (``shift``), so the epoch ends when its samples do.
 
 Each index travels with a seed of its own, a function of (seed, epoch, index): ``SampleDataset`` seeds torch's
 generator with it before the per-sample transforms, so a sample's augmentation does not depend on which
-worker drew it or on whether the run was interrupted. The batch-level mix on the device is seeded per batch
-the same way, from (seed, epoch, batch, rank).
+worker, rank or batch drew it, or on whether the run was interrupted. The batch-level mix on the device is
+seeded per batch, from (seed, epoch, batch, rank): after an elastic resume its batches are other batches.
 
 Lightning saves ``ResumableLoader.state_dict()`` with the checkpoint and hands it back through
 ``load_state_dict`` before the first ``iter()`` of a fit that resumes inside an epoch (its stateful-loader
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
+from feedline.datamodules.order import Segment, epoch_order, rank_batches, rank_rows, segment_rows
 from feedline.datamodules.resume_checks import (
     STATE_FORMAT,
     ResumeError,
@@ -52,16 +55,21 @@ def batch_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
 
 @dataclass
 class Position:
-    """Where the train loader of this rank stands: the epoch, and the batches consumed in it."""
+    """Where the train loader of this rank stands: the epoch and the batches consumed in it, as Lightning
+    counts them; and the segment of the epoch's order this world reads (``order.Segment``): from ``start``
+    samples consumed, begun when the count was ``base`` (both 0 unless the epoch was resumed)."""
 
     epoch: int = 0
     batches: int = 0
+    start: int = 0
+    base: int = 0
 
 
 class EpochSampler(DistributedSampler):
-    """This rank's train order for each epoch, from (seed, epoch) alone; it yields ``(index, seed)`` pairs
-    and starts wherever ``start`` says (one slice, O(1) in the samples skipped). A ``DistributedSampler``,
-    so Lightning keeps it rather than wrapping it in one of its own."""
+    """This rank's train order for each epoch, from (seed, epoch) alone (``order.py``); it yields
+    ``(index, seed)`` pairs and starts wherever ``start`` says: the samples of the epoch's order consumed
+    before, by whatever world (one slice, O(1) in the samples skipped). A ``DistributedSampler``, so Lightning
+    keeps it rather than wrapping it in one of its own; its length is a whole epoch's share."""
 
     def __init__(
         self,
@@ -78,43 +86,55 @@ class EpochSampler(DistributedSampler):
             range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
         self.size = int(size)
-        self.start = 0  # samples of this rank's epoch order to skip on the next iter(), once
+        self.start = 0  # samples of the epoch's order consumed before the next iter() (once)
         self.position = position if position is not None else Position()
         # A new loader starts its epoch from the beginning, at the epoch training is at when the loader is made:
         # Lightning builds its first iterator before it calls set_epoch (on a fresh start, and on a resume from
         # a checkpoint taken when an epoch was over), and that iterator must already read this epoch's order.
         self.epoch = int(epoch)
-        self.position.epoch, self.position.batches = self.epoch, 0
+        self.position.epoch, self.position.batches, self.position.start, self.position.base = (
+            self.epoch,
+            0,
+            0,
+            0,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch starts from its beginning (Lightning calls this at every epoch start, and again, with
         the same epoch, after a resume has set the position)."""
         if epoch != self.epoch:
             self.start = 0
-            self.position.epoch, self.position.batches = epoch, 0
+            self.position.epoch, self.position.batches, self.position.start, self.position.base = (
+                epoch,
+                0,
+                0,
+                0,
+            )
         super().set_epoch(epoch)
 
     def order(self) -> np.ndarray:
-        """This rank's indices for ``self.epoch``, in the order they are read."""
-        if self.shuffle:
-            rows = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.epoch), 1]).permutation(
-                self.size
-            )
-        else:
-            rows = np.arange(self.size, dtype=np.int64)
-        if self.drop_last:
-            rows = rows[: self.total_size]
-        elif self.total_size > self.size:  # pad by repeating from the start, as DistributedSampler does
-            rows = np.concatenate([rows, np.resize(rows, self.total_size - self.size)])
-        return rows[self.rank : self.total_size : self.num_replicas]
+        """This rank's indices for ``self.epoch`` from ``start`` on, in the order they are read."""
+        rows = segment_rows(
+            epoch_order(self.size, self.seed, self.epoch, self.shuffle),
+            self.start,
+            self.num_replicas,
+            self.drop_last,
+        )
+        return rank_rows(rows, self.rank, self.num_replicas)
+
+    def remaining(self, start: int) -> int:
+        """The samples this rank reads of its epoch from ``start`` samples consumed on (no order built)."""
+        rest = self.size - min(start, self.size)
+        rest = rest - rest % self.num_replicas if self.drop_last else rest + -rest % self.num_replicas
+        return rest // self.num_replicas
 
     def seeds(self, rows: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             return (_epoch_key(self.seed, self.epoch, 0) + rows.astype(np.uint64) * _GOLDEN) >> np.uint64(1)
 
     def __iter__(self):
-        start, self.start = self.start, 0
-        rows = self.order()[start:]
+        rows = self.order()
+        self.start = 0
         return zip(rows.tolist(), self.seeds(rows).tolist())
 
 
@@ -140,6 +160,8 @@ class ResumableLoader(DataLoader):
     world size and the seed it counts in).
 
     ``progress``: () -> (epoch, batches) Lightning goes on from, or None without a fitting Trainer.
+    ``shift``: (batches) -> None moves Lightning's count of the epoch's batches by that many (a resume on
+    another world or batch size: the rest of the epoch is another number of batches), or None.
     ``resuming``: for the first train loader of a fit resumed from a checkpoint, a ``Resuming``; Lightning
     hands the state to ``load_state_dict`` before the first ``iter()`` only when it restarts inside an
     epoch, so that ``iter()`` checks what Lightning did not hand."""
@@ -152,6 +174,7 @@ class ResumableLoader(DataLoader):
         checks: dict,
         mode: str,
         progress=None,
+        shift=None,
         resuming: Resuming | None = None,
         **kwargs,
     ):
@@ -160,6 +183,7 @@ class ResumableLoader(DataLoader):
         self.checks = dict(checks)
         self.mode = check_resume_mode(mode)
         self.progress = progress
+        self.shift = shift
         self.resuming = resuming
 
     def state_dict(self) -> dict:
@@ -168,13 +192,42 @@ class ResumableLoader(DataLoader):
         signal handler does, or at an epoch's end); else this loader's own position."""
         where = self.progress() if self.progress is not None else None
         epoch, batches = where if where is not None else (self.position.epoch, self.position.batches)
-        return {"format": STATE_FORMAT, "epoch": epoch, "batches": batches, **self.checks}
+        consumed = self._segment(epoch).consumed(batches, self.sampler.size)
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "batches": batches,
+            "consumed": consumed,
+            **self.checks,
+        }
+
+    def _segment(self, epoch: int) -> Segment:
+        """The part of ``epoch``'s order this loader reads: the resumed segment in the epoch it resumed,
+        else the whole epoch."""
+        p = self.position
+        start, base = (p.start, p.base) if epoch == p.epoch else (0, 0)
+        return Segment(epoch, start, base, self.sampler.num_replicas, self.batch_size)
 
     def load_state_dict(self, state: dict) -> None:
         self.resuming = None  # handed a state: nothing is missing
         lightning = self.progress() if self.progress is not None else None
-        position, problems = state_problems(state, self.checks, len(self), lightning)
-        self._settle(problems, lightning or position)
+        position, problems = state_problems(state, self.checks, lightning)
+        consumed = position[2] if position is not None and not problems else None
+        if consumed is not None and any(
+            state.get(k) != self.checks.get(k) for k in ("world_size", "batch_size")
+        ):
+            log.info(
+                "the train loader resumes epoch %d on %d rank(s) of %d (the checkpoint's: %s of %s), after %d of "
+                "its %d samples: the rest is split over this world, each sample once",
+                position[0],
+                self.checks["world_size"],
+                self.checks["batch_size"],
+                state.get("world_size"),
+                state.get("batch_size"),
+                consumed,
+                self.sampler.size,
+            )
+        self._settle(problems, lightning or (position[:2] if position else None), consumed)
 
     def __iter__(self):
         resuming, self.resuming = self.resuming, None
@@ -189,9 +242,13 @@ class ResumableLoader(DataLoader):
                 return _raise(err)
         return super().__iter__()
 
-    def _settle(self, problems: list[str], position: tuple[int, int] | None) -> None:
+    def _settle(
+        self, problems: list[str], position: tuple[int, int] | None, consumed: int | None = None
+    ) -> None:
         """Refuse (strict) or warn (lenient) about ``problems``, then go on from ``position``: Lightning's
-        when a Trainer resumes, else the state's; None (an unreadable state, no Trainer): the epoch's start."""
+        when a Trainer resumes, else the state's; None (an unreadable state, no Trainer): the epoch's start.
+        ``consumed``: the samples of the epoch's order read before (None: ``position``'s batches of this run's
+        world and batch size)."""
         if problems and self.mode == "strict":
             raise ResumeError(
                 f"cannot resume the train loader: {'; '.join(problems)}. Or set data.resume=lenient to go on "
@@ -207,8 +264,18 @@ class ResumableLoader(DataLoader):
                 batches,
             )
         batches = min(batches, len(self))
+        if consumed is None:
+            consumed = Segment(epoch, 0, 0, self.sampler.num_replicas, self.batch_size).consumed(
+                batches, self.sampler.size
+            )
+        # Lightning counts the epoch's batches up to len(self): the rest of the epoch begins at len(self) minus
+        # the batches it takes on this world (the batches already counted, unless the world changed).
+        base = len(self) - rank_batches(self.sampler.remaining(consumed), self.batch_size, self.drop_last)
+        if base != batches and self.shift is not None:
+            self.shift(base - batches)
         self.sampler.set_epoch(epoch)
-        self.position.epoch, self.position.batches = epoch, batches
-        self.sampler.start = batches * self.batch_size
-        if batches:
-            log.info("train loader resumes epoch %d at batch %d of %d", epoch, batches, len(self))
+        p = self.position
+        p.epoch, p.batches, p.start, p.base = epoch, base, min(consumed, self.sampler.size), base
+        self.sampler.start = p.start
+        if consumed:
+            log.info("train loader resumes epoch %d at batch %d of %d", epoch, base, len(self))

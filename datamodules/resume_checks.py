@@ -1,17 +1,17 @@
 """Whether a checkpointed train-loader state fits the run that resumes from it: the one place that decides.
 
-The state (``ResumableLoader.state_dict``) is a position, the epoch and the batches this rank has consumed
-in it, and what that position counts in (``CHECKED``). A resume is refused (``data.resume=strict``) or
-warned about (``lenient``) when:
+The state (``ResumableLoader.state_dict``) is a position, the epoch, the batches Lightning counts in it and
+the samples of the epoch's order consumed (``order.py``), with what the position counts in (``CHECKED``).
+A resume is refused (``data.resume=strict``) or warned about (``lenient``) when:
 
 - the state is missing, or unreadable (an edited or damaged checkpoint: ``batches=-3``);
 - it stands elsewhere than Lightning's own progress counters, which the same checkpoint restores
   (``lightning_position``): the loader would replay or skip samples while Lightning counts on;
-- what it counts in changed: the data, the train split (which rows, drawn with which seed and fractions),
-  the batch size, the world size, the seed.
+- what the order is made of changed: the data, the train split (which rows, drawn with which seed and
+  fractions), the seed, ``data.drop_last``.
 
-Letting a resume change one of these (the world size, the batch size) is a change to ``CHECKED`` and to
-how ``ResumableLoader`` positions itself, nothing else. Standard library only.
+The world size and the per-device batch size may change (``ELASTIC``): the samples consumed are a prefix of
+the epoch's order whatever the world that read them, so a new world reads the rest once. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 
-STATE_FORMAT = 2  # 2: with the train split's digest, source.seed and the held-out fractions
+STATE_FORMAT = 3  # 3: with the samples of the epoch's order consumed; 2: without (derived from the batches)
+READABLE = (2, 3)
 RESUME_MODES = ("strict", "lenient")
 
 # What a position counts in, each compared between the checkpoint ("then") and this run ("now"); the text
@@ -36,6 +37,8 @@ CHECKED = {
     "seed": "seed",
     "drop_last": "data.drop_last",
 }
+# Recorded, so that a position counted in batches reads as samples, but free to change between save and resume.
+ELASTIC = ("batch_size", "world_size")
 
 
 def counted_in(source, split_digest: str, counts: dict, world_size: int, seed: int, drop_last: bool) -> dict:
@@ -63,24 +66,32 @@ def check_resume_mode(value) -> str:
     return value
 
 
-def read_position(state) -> tuple[tuple[int, int] | None, str | None]:
-    """((epoch, batches), None) from a loader state, or (None, why it cannot be read)."""
+def read_position(state) -> tuple[tuple[int, int, int] | None, str | None]:
+    """((epoch, batches, samples consumed), None) from a loader state, or (None, why it cannot be read)."""
     if not isinstance(state, Mapping):
         return None, f"the train loader state is a {type(state).__name__}, not a mapping"
     if not state:
         return None, "the train loader state is empty (an edited or damaged checkpoint)"
-    if state.get("format") != STATE_FORMAT:
+    if state.get("format") not in READABLE:
         return None, (
-            f"the train loader state has format {state.get('format')!r}, this feedline reads {STATE_FORMAT}"
+            f"the train loader state has format {state.get('format')!r}, this feedline reads "
+            f"{' or '.join(map(str, READABLE))}"
         )
-    values = {key: state.get(key) for key in ("epoch", "batches")}
+    keys = ("epoch", "batches", "consumed") if state["format"] >= 3 else ("epoch", "batches")
+    values = {key: state.get(key) for key in keys}
+    if "consumed" not in values:  # format 2: counted in batches of this many samples on this many ranks
+        values.update(batch_size=state.get("batch_size"), world_size=state.get("world_size"))
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        least = 1 if key in ELASTIC else 0
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             return None, (
-                f"the train loader state's {key} is {value!r}, not an integer >= 0 (an edited or damaged "
+                f"the train loader state's {key} is {value!r}, not an integer >= {least} (an edited or damaged "
                 "checkpoint)"
             )
-    return (int(values["epoch"]), int(values["batches"])), None
+    consumed = values.get("consumed")
+    if consumed is None:
+        consumed = values["batches"] * values["batch_size"] * values["world_size"]
+    return (int(values["epoch"]), int(values["batches"]), int(consumed)), None
 
 
 def differences(then: Mapping, now: Mapping) -> list[str]:
@@ -88,14 +99,14 @@ def differences(then: Mapping, now: Mapping) -> list[str]:
     return [
         f"{what} {then.get(key)!r} then, {now.get(key)!r} now"
         for key, what in CHECKED.items()
-        if now.get(key) is not None and then.get(key) != now.get(key)
+        if key not in ELASTIC and now.get(key) is not None and then.get(key) != now.get(key)
     ]
 
 
-def state_problems(state, now: Mapping, batches_per_epoch: int, lightning: tuple[int, int] | None):
-    """(the position to go on from or None, every reason the state does not fit this run).
-
-    ``lightning``: (epoch, batches) Lightning's fit loop goes on from, when a Trainer resumes."""
+def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
+    """(the position to go on from, (epoch, batches, samples consumed), or None; every reason the state does
+    not fit this run). ``lightning``: (epoch, batches) Lightning's fit loop goes on from, when a Trainer
+    resumes."""
     position, unreadable = read_position(state)
     if unreadable:
         return None, [unreadable]
@@ -105,19 +116,36 @@ def state_problems(state, now: Mapping, batches_per_epoch: int, lightning: tuple
         problems.append(
             "the run changed since the checkpoint: "
             + "; ".join(changed)
-            + " (resume with the data, source split, data.batch_size, world size and seed it was written with)"
+            + " (resume with the data, source split, seed and data.drop_last it was written with; the world "
+            "size and data.batch_size may change)"
         )
-    if position[1] > batches_per_epoch:
+    samples = now.get("samples")
+    batches = _epoch_batches(samples, state.get("world_size"), state.get("batch_size"), now.get("drop_last"))
+    if batches is not None and position[1] > batches:
         problems.append(
-            f"the train loader state stands after batch {position[1]}, but an epoch has {batches_per_epoch}"
+            f"the train loader state stands after batch {position[1]}, but an epoch has {batches} (batches of "
+            f"{state['batch_size']} on {state['world_size']} rank(s), as the checkpoint counted them)"
         )
-    if lightning is not None and position != tuple(lightning):
+    if samples is not None and "consumed" in state and position[2] > samples:  # format 2 derives it
+        problems.append(
+            f"the train loader state stands after {position[2]} samples of the epoch, but an epoch has {samples}"
+        )
+    if lightning is not None and position[:2] != tuple(lightning):
         problems.append(
             f"the train loader state stands at epoch {position[0]} after {position[1]} batches, but Lightning's "
             f"progress in the same checkpoint goes on at epoch {lightning[0]} after {lightning[1]} batches (an "
             "edited or damaged checkpoint)"
         )
     return position, problems
+
+
+def _epoch_batches(samples, world_size, batch_size, drop_last) -> int | None:
+    """The batches an epoch of ``samples`` has on each of ``world_size`` ranks; None where a value is unknown."""
+    values = (samples, world_size, batch_size)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        return None
+    per_rank = samples // world_size if drop_last else -(-samples // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 
 def missing_state(checkpoint) -> str:
@@ -137,3 +165,13 @@ def lightning_position(fit_loop) -> tuple[int, int]:
     if batches.is_last_batch and batches.current.processed == batches.current.ready:
         return epochs.started, 0
     return epochs.processed, batches.current.processed
+
+
+def shift_batches(fit_loop, delta: int) -> None:
+    """Move Lightning's count of the current epoch's batches by ``delta``: every counter of the epoch loop's
+    batch progress (ready, started, processed, completed; this epoch's and the total) alike, so their order,
+    which tells Lightning where inside a step the checkpoint was taken, is kept."""
+    progress = fit_loop.epoch_loop.batch_progress
+    for tracker in (progress.current, progress.total):
+        for name in ("ready", "started", "processed", "completed"):
+            setattr(tracker, name, getattr(tracker, name) + delta)

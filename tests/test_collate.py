@@ -136,3 +136,26 @@ def test_a_pooled_batch_changed_in_the_worker_still_crosses_intact():
         assert torch.equal(batch.image[:, 0, 0, 0], ((batch.label - 1000) % 251).to(torch.uint8))
         seen += batch.label.tolist()
     assert sorted(seen) == [i + 1000 for i in range(96)]
+
+
+def test_a_batch_fetched_under_inference_mode_frees_its_slot_outside_it(monkeypatch):
+    """Lightning's predict and validation loops fetch batches inside torch.inference_mode; a batch freed
+    after it (a prediction kept to the end) still gives its slot back, without an error at exit."""
+    import gc
+    import sys
+
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: raised.append(info.exc_value))
+    loader = torch.utils.data.DataLoader(
+        _Numbered(),
+        batch_size=8,
+        num_workers=1,
+        collate_fn=Uint8Collate(),
+        persistent_workers=True,
+        timeout=30,
+    )
+    with torch.inference_mode():
+        kept = list(loader)
+    del kept
+    gc.collect()
+    assert not raised, raised

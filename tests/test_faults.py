@@ -197,9 +197,10 @@ def test_a_second_conversion_to_the_same_path_is_refused_and_leaves_the_first_wh
     from feedline.writers.options import HDF5WriteOptions
 
     tree = simple_tree(tmp_path / "t", classes=("a", "b"), per_class=4)
-    out = tmp_path / "out.h5"
+    out, hold = tmp_path / "out.h5", tmp_path / "hold"
+    hold.touch()  # the first conversion reads nothing while this file exists: it is mid-write, whatever the load
     script = f"""
-import time
+import os, time
 from feedline.datasets.folder import FolderSource
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.options import HDF5WriteOptions
@@ -212,7 +213,9 @@ class SlowRecords:
     def __init__(self, inner): self.inner = inner
     def __len__(self): return len(self.inner)
     def __getitem__(self, i):
-        time.sleep(0.25)
+        deadline = time.time() + 120
+        while os.path.exists({str(hold)!r}) and time.time() < deadline:
+            time.sleep(0.05)
         return self.inner[i]
     def describe(self, i): return self.inner.describe(i)
 
@@ -227,6 +230,7 @@ convert_source(source, HDF5WriteOptions(path={str(out)!r}, workers=1, chunk=1))
     with pytest.raises(OutputBusyError, match=rf"another conversion is writing .*out\.h5 \(pid {first.pid} "):
         convert([], ["a"], HDF5WriteOptions(path=str(out), workers=1))
     assert partial.exists() and spool.exists()
+    hold.unlink()
     assert first.wait(60) == 0
     records = HDF5Source(out, val_fraction=0).split("train")
     assert [records[i][1] for i in range(8)] == [0] * 4 + [1] * 4

@@ -13,7 +13,7 @@ from tests.helpers import image_bytes, simple_tree
 
 # Python warnings of any kind, and each notice a run used to print that says nothing a user can act on.
 NOISE = re.compile(
-    r"Warning:|💡|litlogger|litmodels|FLOPs|LeafSpec|weights_only|tensorboardX|logging interval"
+    r"Warning:|💡|litlogger|litmodels|Total FLOPs: 0\b|LeafSpec|weights_only|tensorboardX|logging interval"
     r"|BytesIO| at 0x[0-9a-f]+|\.cpp:\d+"
 )
 

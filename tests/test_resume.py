@@ -3,6 +3,7 @@ the checkpoint's step on, exactly the batches of an uninterrupted run with the s
 
 from __future__ import annotations
 
+import collections
 import csv
 import logging
 import os
@@ -36,7 +37,7 @@ def test_each_sample_is_read_once_per_epoch_across_a_cut_at_any_batch(world_size
             whole = list(EpochSampler(size, world_size, rank, True, 7, drop_last))
             sampler = EpochSampler(size, world_size, rank, True, 7, drop_last)
             sampler.set_epoch(0)
-            sampler.start = cut * batch
+            sampler.start = cut * batch * world_size  # samples of the epoch's order consumed by every rank
             assert list(sampler) == whole[cut * batch :]  # the very pairs, seeds included
             seen += [i for i, _ in whole]
         expected = size - size % world_size if drop_last else size
@@ -86,7 +87,6 @@ def test_a_restored_loader_continues_with_the_very_batches_augmentations_include
     "change, said",
     [
         ({"per_class": 6}, "training samples 15 then, 18 now"),
-        ({"batch_size": 5}, "data.batch_size (per device) 3 then, 5 now"),
         ({"seed": 6}, "seed 5 then, 6 now"),
     ],
 )
@@ -107,12 +107,65 @@ def test_a_checkpoint_that_does_not_fit_is_refused_or_restarts_the_epoch_when_le
     assert lenient.position.batches == 2 and lenient.sampler.start == 2 * lenient.batch_size
 
 
-def test_a_changed_world_size_is_named(tmp_path):
-    tree = simple_tree(tmp_path / "tree", per_class=5)
-    loader = small_dm(tree).train_dataloader()
-    state = {**loader.state_dict(), "world_size": 2, "batches": 1}
-    with pytest.raises(ResumeError, match="processes \\(world size\\) 2 then, 1 now"):
+class WorldLoaders(ImageDataModule):
+    """The datamodule as rank ``rank`` of ``world`` sees it, without a Trainer."""
+
+    def __init__(self, *args, world=1, rank=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.world, self.rank = world, rank
+
+    def _world(self):
+        return self.world, self.rank, 1, False
+
+
+def per_sample(batches) -> dict[int, bytes]:
+    """label -> that sample's pixels, from batches of a tree of one image per class."""
+    out = {}
+    for image, label in batches:
+        for x, y in zip(image, label.tolist()):
+            assert y not in out, f"sample {y} read twice"
+            out[y] = x.numpy().tobytes()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("world", "batch", "new_world", "new_batch"), [(2, 3, 1, 5), (1, 4, 2, 3), (2, 2, 4, 3)]
+)
+def test_a_resume_on_another_world_and_batch_size_reads_the_rest_of_the_epoch_once(
+    tmp_path, world, batch, new_world, new_batch
+):
+    classes = [f"c{k:02d}" for k in range(24)]  # one image each: a label names its sample
+    tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
+
+    def loaders(w, b):
+        return [
+            WorldLoaders(
+                FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c"),
+                small_dm(tree).transforms,
+                Uint8Collate(),
+                batch_size=b,
+                num_workers=0,
+                seed=5,
+                world=w,
+                rank=r,
+            ).train_dataloader()
+            for r in range(w)
+        ]
+
+    whole = per_sample(b for loader in loaders(1, 4) for b in digests(loader))
+    first = loaders(world, batch)
+    before = [b for loader in first for b in digests(loader, 2)]
+    state = first[0].state_dict()
+    assert state["consumed"] == 2 * batch * world and all(loader.state_dict() == state for loader in first)
+
+    second = loaders(new_world, new_batch)
+    for loader in second:
         loader.load_state_dict(state)
+    ranks = [digests(loader) for loader in second]
+    assert len({len(batches) for batches in ranks}) == 1  # every rank the same number of batches
+    after = [b for batches in ranks for b in batches]
+    seen = per_sample(before + after)  # every sample once: none read twice (per_sample), none missed
+    assert seen == whole  # and each with the augmentation it has in an uninterrupted epoch
 
 
 # -- under a Trainer, in process ---------------------------------------------------------------------
@@ -401,6 +454,8 @@ def test_a_resumed_run_appends_to_the_metrics_of_the_run_it_resumes(tmp_path):
     assert max(int(r["step"]) for r in after) == 21 and {r["epoch"] for r in after} == {"0", "1"}
     steps = [int(r["step"]) for r in after if "train/loss" in r]
     assert steps == list(range(22))  # every training step once, in order: none lost, none twice
+
+
 # -- checkpoints that do not fit, under a Trainer ---------------------------------------------------------
 def labelled_dm(tree, **options) -> ImageDataModule:
     """One image per class, so a label names its sample."""
@@ -607,3 +662,61 @@ def test_a_resume_with_another_split_of_the_same_size_stops_with_the_error_alone
     assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     assert "Error: cannot resume the train loader" in resumed.stderr
     assert "source.seed 0 then, 1 now" in resumed.stderr and "train split (digest" in resumed.stderr
+
+
+def samples_read(record, ranks: int) -> dict[int, list[tuple[int, int, int, str]]]:
+    """rank -> [(epoch, batch_idx, label, pixel digest)], as ``RecordBatches(per_sample=true)`` wrote them."""
+    out = {}
+    for rank in range(ranks):
+        lines = Path(f"{record}.rank{rank}").read_text().splitlines()
+        out[rank] = [(int(e), int(b), int(y), d) for e, b, y, d in (line.split() for line in lines)]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("before", "before_ranks", "after", "after_ranks"),
+    [
+        (["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
+        (["data.batch_size=4"], 1, ["trainer=ddp_sim", "data.batch_size=3"], 2),
+    ],
+    ids=["2-ranks-to-1", "1-rank-to-2"],
+)
+def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
+    tmp_path, before, before_ranks, after, after_ranks
+):
+    """kill -9 after step 4 (last.ckpt at step 3), resumed on another number of processes with another batch
+    size: the interrupted epoch reads every sample once, each with its uninterrupted augmentation, and the
+    next epoch is the one a run started on the new world reads."""
+    tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(40)], per_class=1)
+    data = [
+        "source=folder",
+        f"source.root={tree}",
+        "source.val_fraction=0",
+        "transforms=digits",
+        "data.num_workers=1",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+        "+callbacks.record.per_sample=true",
+    ]
+    reference = train(tmp_path, "reference", "reference", *data, *after)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    killed = train(tmp_path, "run", "killed", *data, *before, kill_after_step=4)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = train(tmp_path, "run", "resumed", *data, *after, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the rest is split over this world, each sample once" in resumed.stderr + resumed.stdout
+
+    ref = samples_read(tmp_path / "reference", after_ranks)
+    pixels = {label: digest for rank in ref.values() for epoch, _, label, digest in rank if epoch == 0}
+    assert sorted(pixels) == list(range(40))
+    consumed = [
+        r for rank in samples_read(tmp_path / "killed", before_ranks).values() for r in rank if r[1] < 3
+    ]
+    rest = samples_read(tmp_path / "resumed", after_ranks)
+    epoch0 = consumed + [r for rank in rest.values() for r in rank if r[0] == 0]
+    labels = collections.Counter(label for _, _, label, _ in epoch0)
+    assert labels == collections.Counter(range(40))  # every sample once: none repeated, none missed
+    assert {label: digest for _, _, label, digest in epoch0} == pixels  # each augmented as uninterrupted
+    assert len({sum(r[0] == 0 for r in rank) for rank in rest.values()}) == 1  # equal shares per rank
+    for rank in range(after_ranks):  # the next epoch: the very batches of a run started on this world
+        assert [r for r in rest[rank] if r[0] == 1] == [r for r in ref[rank] if r[0] == 1]

@@ -80,7 +80,9 @@ def _received(fields, flags: torch.Tensor, slot: int) -> Batch:
 
 
 def _release(flags: torch.Tensor, slot: int) -> None:
-    flags[slot] = 0
+    # Through numpy: flags unpickled under torch.inference_mode (Lightning's predict and validation loops
+    # fetch batches inside it) are inference tensors, which refuse in-place writes outside it.
+    flags.numpy()[slot] = 0
 
 
 class BatchPool:
