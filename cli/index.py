@@ -11,7 +11,7 @@ import sys
 
 from feedline.datasets.cache import REFRESH_MODES
 from feedline.datasets.index import open_index
-from feedline.datasets.scan import IMG_EXTENSIONS
+from feedline.datasets.listing import IMG_EXTENSIONS
 
 
 def main(argv=None) -> int:

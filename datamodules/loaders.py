@@ -9,16 +9,15 @@ prepare_data()             once per node: source.prepare() scans and caches
 check_stages(*stages)      before a run: prepare, then build every split the stages use (errors come first)
 setup(stage)               source.split() -> RecordSet -> SampleDataset
                            (fit: train+val, validate: val, test: test, predict: data.predict_root)
+train_dataloader()         shuffled by (seed, epoch), split over the ranks, resumable (``train_loader.py``)
 *_dataloader()             DataLoader with the resolved loader knobs
 device_batch()             the batch stack on the device (uint8 -> float, normalise), mix on training batches,
-                           one memory format for every split
+                           one memory format for every split (``device_batch.py``)
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from typing import Any
 
 import torch
@@ -26,13 +25,13 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
+from feedline.datamodules.device_batch import DeviceBatch
 from feedline.datamodules.knobs import (
     check_batch_size,
     check_max_pixels,
     check_multiprocessing_context,
     check_prefetch_factor,
     check_seed,
-    check_steps,
     parse_memory_format,
     per_device_batch_size,
     resolve_num_workers,
@@ -41,18 +40,16 @@ from feedline.datamodules.knobs import (
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.predict import PredictLoader
-from feedline.datamodules.resume import EpochSampler, Position, ResumableLoader, Resuming
+from feedline.datamodules.resume import Position
 from feedline.datamodules.resume_checks import (
     check_resume_mode,
-    counted_in,
-    lightning_position,
-    shift_batches,
 )
 from feedline.datamodules.samples import SampleDataset
+from feedline.datamodules.train_loader import TrainLoader
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
-from feedline.transforms.collate import Batch, Collate, DefaultCollate, WithPaths
+from feedline.transforms.collate import Collate, DefaultCollate, WithPaths
 from feedline.transforms.deferred import defer_crop
 from feedline.transforms.stacks import TransformStacks
 
@@ -62,7 +59,7 @@ _DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed sch
 _STAGES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
 
-class ImageLoaders:
+class ImageLoaders(TrainLoader, DeviceBatch):
     """``source`` + ``transforms`` + ``collate`` and the loader knobs (``data.*``, see DataConfig).
 
     ``source``, ``transforms`` and ``collate`` are objects, or their configs (a mapping with ``_target_``),
@@ -175,10 +172,6 @@ class ImageLoaders:
         """Class name -> label, as torchvision's ``ImageFolder.class_to_idx``."""
         return {name: i for i, name in enumerate(self.classes)}
 
-    def _bind_mix(self) -> None:
-        if getattr(self.transforms.mix, "num_classes", 0) is None:
-            self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
-
     def prepare_data(self) -> None:
         if self._prepared_early:  # by check_stages in this process, just before the run: once is enough
             self._prepared_early = False
@@ -240,68 +233,6 @@ class ImageLoaders:
             with_paths=split == "predict",
         )
 
-    def train_dataloader(self) -> ResumableLoader:
-        """Shuffled by (seed, epoch), split over the ranks here rather than by Lightning, and resumable
-        mid-epoch (``resume.py``)."""
-        dataset = self._split("train")
-        dataset.share_bad_samples()
-        settings = self.loader_settings()
-        world_size, rank = self._world()[:2]
-        check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
-        seed = self.run_seed()
-        self._pin_seed(seed)
-        # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
-        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
-        sampler = EpochSampler(
-            len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
-        )
-        return ResumableLoader(
-            dataset,
-            sampler=sampler,
-            checks=self._resume_checks(dataset, settings["batch_size"], world_size, seed),
-            mode=self.resume,
-            progress=self._fit_progress,
-            shift=self._shift_batches,
-            resuming=self._resuming(),
-            drop_last=self.drop_last,
-            **settings,
-        )
-
-    def _resume_checks(self, dataset: SampleDataset, batch_size: int, world_size: int, seed: int) -> dict:
-        if self._train_digest is None:  # once: one pass over the split's row array
-            digest = getattr(dataset.records, "digest", None)
-            self._train_digest = digest() if callable(digest) else ""
-        counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
-        return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
-
-    def _fit_progress(self) -> tuple[int, int] | None:
-        """(epoch, batches) that a resume from a checkpoint taken now goes on from, as Lightning counts them."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != "fit":
-            return None
-        return lightning_position(trainer.fit_loop)
-
-    def _shift_batches(self, delta: int) -> None:
-        """A resume on another world or batch size: Lightning's count of the epoch's batches moves with it."""
-        trainer = self.trainer
-        if trainer is not None and trainer.state.fn == "fit":
-            shift_batches(trainer.fit_loop, delta)
-
-    def _resuming(self) -> Resuming | None:
-        """What the first train loader of a resumed fit checks (``ImageDataModule``'s); no Trainer: none."""
-        return None
-
-    def _pin_seed(self, seed: int) -> None:
-        """The seed the train order uses from now on, and what rebuilds these loaders records (not null)."""
-        self.seed = seed
-        self.config["seed"] = seed
-
-    def run_seed(self) -> int:
-        """``data.seed``, else the run's (``seed_everything`` sets PL_GLOBAL_SEED), else 0."""
-        if self.seed is not None:
-            return int(self.seed)
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
     def val_dataloader(self):
         if not len(self._split("val")):
             return []  # source.val_fraction=0 and no val_root: nothing to validate on
@@ -313,38 +244,6 @@ class ImageLoaders:
     def predict_dataloader(self) -> DataLoader:
         """Batches of ``data.predict_root``'s images in sorted path order; ``batch.paths`` names each."""
         return self._loader("predict", shuffle=False, drop_last=False)
-
-    def device_batch(
-        self,
-        batch: Batch,
-        training: bool = False,
-        device: torch.device | str | None = None,
-        seed: int | None = None,
-    ) -> Batch:
-        """What happens to a batch on the device: the batch stack (uint8 -> float, normalise), then, for
-        training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix), in one memory
-        format for every split (``data.memory_format``). Lightning calls it after each transfer; a plain
-        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first.
-        ``seed``: the mix draws from a generator seeded with it (the same mix after a resume)."""
-        self._bind_mix()
-        if device is not None:
-            batch = batch.to(device)
-        image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
-        seeded = seed is not None and training and self.transforms.mix is not None
-        with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
-            if seeded:  # the mix of this batch, whatever ran before it
-                torch.default_generator.manual_seed(seed)
-            image, label = self.transforms.on_device(image, batch.label, training)
-        image = self._format(image)  # a no-op unless a transform changed the layout
-        if image.dim() == 4 and not image.is_floating_point():
-            raise TypeError(
-                f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
-                "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
-            )
-        return batch.replace(image=image, label=label)
-
-    def _format(self, image: torch.Tensor) -> torch.Tensor:
-        return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image
 
     # -- knobs resolved against the world -------------------------------------------------------
     def _world(self) -> tuple[int, int, int, bool]:

@@ -13,10 +13,10 @@ import numpy as np
 
 from feedline.datasets.cache import check_refresh
 from feedline.datasets.index import FolderIndex, open_index
+from feedline.datasets.listing import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.packed import PackedIndex
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
-from feedline.datasets.scan import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.scan_plan import check_scan_workers
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 

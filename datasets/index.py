@@ -43,9 +43,10 @@ from feedline.datasets.cache import (
     temporary_prefix,
     write_array,
 )
+from feedline.datasets.listing import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.packed import FolderIndex
 from feedline.datasets.records import require_dir
-from feedline.datasets.scan import IMG_EXTENSIONS, TreeScan, normalize_extensions, scan_tree
+from feedline.datasets.scan import TreeScan, scan_tree
 from feedline.datasets.scan_plan import scan_plan
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from feedline.datasets.listing import list_classes
 from feedline.datasets.records import require_dir
-from feedline.datasets.scan import list_classes
 
 log = logging.getLogger(__name__)
 

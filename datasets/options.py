@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
-from feedline.datasets.scan import IMG_EXTENSIONS
+from feedline.datasets.listing import IMG_EXTENSIONS
 
 REQUIRED = "???"  # OmegaConf's MISSING: composing succeeds, using the config without setting it fails
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from feedline.conf.rebuild import Rebuildable
-from feedline.datasets.scan import list_classes
+from feedline.datasets.listing import list_classes
 
 
 @runtime_checkable

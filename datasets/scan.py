@@ -5,11 +5,8 @@ within a class, ``sorted(os.walk(class_dir, followlinks=True))`` orders director
 string, and files are sorted by name inside each directory. Hidden entries (names starting with '.')
 are skipped, which ``ImageFolder`` does not do (it picks up ``.ipynb_checkpoints`` and ``._x.jpg``).
 
-Every directory is listed once with ``os.scandir``; the entry type comes from the listing (``d_type``),
-and Python falls back to ``stat`` only where the filesystem reports none. Directories are ``stat``-ed
-once each, for the staleness signature and for symlink-loop detection. Per-file work stays in C: one
-``map`` for the entry types, one sort, and one regular expression over the joined names that applies
-the hidden-name and extension filters (``name.lower().endswith(extensions)``, as ImageFolder does).
+How one class folder is listed, without a ``stat`` per file, is ``listing.py``; this module orders the
+classes and lists them in parallel.
 
 Class directories are listed in parallel. Where a listing is a network round trip (NFS, Lustre, GPFS,
 CIFS, FUSE, ...) a thread pool hides the latency. On a local disk the listing is CPU-bound, and because
@@ -19,7 +16,7 @@ few fresh, minimal interpreters (``python -S``, standard library only) that stre
 back over a pipe. Fresh interpreters, not forks: forking a training process with torch loaded costs more
 than the listing it would share (measured at 1M files: 0.9-1.0 s forked, 0.7 s without torch loaded).
 
-This module imports only the standard library at the top, so those workers start in milliseconds.
+Those workers run ``listing.py`` (standard library only), so they start in milliseconds.
 """
 
 from __future__ import annotations
@@ -30,58 +27,21 @@ import gc
 import logging
 import os
 import pickle
-import re
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from feedline.datasets.listing import (
+    ClassScan,
+    _NameFilter,
+    list_classes,
+    normalize_extensions,
+    scan_class,
+)
+
 log = logging.getLogger(__name__)
-
-# torchvision.datasets.folder.IMG_EXTENSIONS
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def normalize_extensions(extensions, key: str = "source.extensions") -> tuple[str, ...]:
-    """Lower-case extensions with their dot (``JPG`` -> ``.jpg``; one string is one extension). An empty
-    list, or an entry with nothing after the dot, would match every file: an error naming ``key``."""
-    if isinstance(extensions, str):
-        extensions = [extensions]
-    given = [str(e) for e in extensions]
-    exts = tuple(e if e.startswith(".") else "." + e for e in (g.strip().lower() for g in given))
-    bad = [g for g, e in zip(given, exts) if len(e) < 2 or "/" in e or "\0" in e]
-    if not exts or bad:
-        why = f"{', '.join(map(repr, bad))} is not one" if bad else "an empty list matches no image"
-        raise ValueError(f"{key}={given!r} must list file extensions such as [.jpg, .png]: {why}")
-    return exts
-
-
-class _NameFilter:
-    """Matches each visible name with an allowed extension in a NUL-joined list of names."""
-
-    def __init__(self, extensions: tuple[str, ...]):
-        self.extensions = extensions
-        alternatives = "|".join(re.escape(e) for e in sorted(extensions, key=len, reverse=True))
-        self.pattern = re.compile(rf"(?<![^\0])[^.\0][^\0]*(?:{alternatives})(?![^\0])", re.IGNORECASE)
-
-    def findall(self, joined: str) -> list[str]:
-        return self.pattern.findall(joined)
-
-
-def _matching(names: list[str], name_filter: _NameFilter) -> list[str]:
-    """The names the filter accepts, in order. Fast path: when every name ends with an allowed
-    extension and none is hidden (the usual image folder), a few ``str.count`` calls prove it."""
-    joined = "\0".join(names) + "\0"
-    folded = joined.lower()
-    if folded.isascii() and "\0." not in "\0" + joined:
-        first = os.path.splitext(folded[: folded.find("\0")])[1]  # most folders hold one extension
-        found = 0
-        for ext in sorted(name_filter.extensions, key=lambda e: e != first):
-            found += folded.count(ext + "\0")
-            if found == len(names):
-                return names
-    return name_filter.findall(joined)
 
 
 def available_cpus() -> int:
@@ -90,118 +50,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def list_classes(root: str) -> list[str]:
-    """Sorted names of the visible sub-directories of ``root`` (symlinked directories count)."""
-    with os.scandir(root) as it:
-        return sorted(e.name for e in it if not e.name.startswith(".") and _is_dir(e))
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # follows symlinks; stats only for links and unknown d_type
-    except OSError:  # a symlink whose target vanished
-        return False
-
-
-@dataclass
-class ClassScan:
-    """One class: its files as UTF-8 paths relative to the root, each followed by a NUL, in ImageFolder
-    order (one bytes object crosses between processes at memcpy speed; a million strings do not)."""
-
-    paths: bytes = b""
-    count: int = 0
-    dirs: list[tuple[str, int]] = field(default_factory=list)  # (relative dir, mtime_ns)
-    loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor (or the root)
-    unreadable: list[str] = field(default_factory=list)  # directories that could not be listed
-    odd: list[str] = field(default_factory=list)  # entries that are neither directories nor regular files
-
-
-@functools.lru_cache(maxsize=64)
-def _identities_above(root: str) -> frozenset:
-    """(st_dev, st_ino) of ``root`` and of every directory above it: a link to any of them is a loop."""
-    found, path = set(), os.path.realpath(root)
-    while True:
-        st = os.stat(path)
-        found.add((st.st_dev, st.st_ino))
-        parent = os.path.dirname(path)
-        if parent == path:
-            return frozenset(found)
-        path = parent
-
-
-def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
-    result = ClassScan()
-    groups: list[tuple[str, list[str]]] = []  # (relative dir, sorted matching names)
-    top = os.path.join(root, name)
-    st = os.stat(top)
-    result.dirs.append((name, st.st_mtime_ns))
-    # Depth-first over (absolute dir, relative dir, identities of the dirs above it, the root's included): a
-    # directory whose (st_dev, st_ino) is one of those is a symlink loop, which would index samples again
-    # under another class, or never end.
-    stack = [(top, name, _identities_above(root) | {(st.st_dev, st.st_ino)})]
-    while stack:
-        path, rel, ancestors = stack.pop()
-        try:
-            with os.scandir(path) as it:
-                entries = list(it)
-        except OSError as err:  # left out of this index, and listed again on the next load (see dirs)
-            log.warning("cannot list %s: %s", path, err)
-            result.unreadable.append(rel)
-            continue
-        try:
-            is_dir = list(map(os.DirEntry.is_dir, entries))
-        except OSError:
-            is_dir = list(map(_is_dir, entries))
-        # FIFOs, sockets, devices and dangling links are no images (a FIFO would block a reader forever):
-        # left out, and reported. The check runs in C unless the directory has something other than files.
-        if not _all_files(entries):
-            odd = [e for e, d in zip(entries, is_dir) if not d and not _is_file(e)]
-            if odd:
-                result.odd.extend(f"{rel}/{e.name}" for e in odd if _matching([e.name], name_filter))
-                skip = {id(e) for e in odd}
-                is_dir = [d for e, d in zip(entries, is_dir) if id(e) not in skip]
-                entries = [e for e in entries if id(e) not in skip]
-        if any(is_dir):
-            names = [e.name for e, d in zip(entries, is_dir) if not d]
-            for entry in (e for e, d in zip(entries, is_dir) if d and not e.name.startswith(".")):
-                sub = entry.stat()  # follows the symlink: the identity of the real directory
-                key = (sub.st_dev, sub.st_ino)
-                child = f"{rel}/{entry.name}"
-                if key in ancestors:
-                    result.loops.append(child)
-                    continue
-                result.dirs.append((child, sub.st_mtime_ns))
-                stack.append((entry.path, child, ancestors | {key}))
-        else:
-            names = [e.name for e in entries]
-        names.sort()
-        matched = _matching(names, name_filter)
-        if matched:
-            groups.append((rel, matched))
-            result.count += len(matched)
-    groups.sort(key=lambda group: group[0])
-    text = "".join(f"{rel}/" + f"\0{rel}/".join(names) + "\0" for rel, names in groups)
-    result.paths = text.encode("utf-8", "surrogateescape")
-    if result.unreadable:  # an impossible mtime: the next load sees these as changed and lists them again
-        unreadable = set(result.unreadable)
-        result.dirs = [(d, -1 if d in unreadable else m) for d, m in result.dirs]
-    return result
-
-
-def _is_file(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_file()  # from d_type; stats only for links and unknown types
-    except OSError:
-        return False
-
-
-def _all_files(entries: list[os.DirEntry]) -> bool:
-    try:
-        return all(map(os.DirEntry.is_file, entries))
-    except OSError:
-        return False
 
 
 @dataclass
@@ -308,9 +156,15 @@ def list_images(root: str, extensions) -> list[str]:
     return sorted(path[2:] for path in text.split("\0")[:-1])
 
 
-# A worker runs this very file as a script (it imports only the standard library), so it starts in
-# milliseconds and needs neither site-packages nor the feedline package on its path.
-_WORKER = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--scan-worker"]
+# A worker runs listing.py as a script (it imports only the standard library), so it starts in milliseconds
+# and needs neither site-packages nor the feedline package on its path.
+_WORKER = [
+    sys.executable,
+    "-I",
+    "-S",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "listing.py"),
+    "--scan-worker",
+]
 
 
 def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, bar) -> list[ClassScan]:
@@ -359,21 +213,3 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     if errors or any(scan is None for scan in scans):
         raise OSError(f"scanning {root} failed: {'; '.join(errors) or 'a worker stopped early'}")
     return scans
-
-
-def _worker_main() -> None:
-    """A scan worker: read (root, extensions, [(index, class)]) from stdin, stream results to stdout."""
-    gc.disable()
-    root, extensions, tasks = pickle.load(sys.stdin.buffer)
-    name_filter = _NameFilter(extensions)
-    out = sys.stdout.buffer
-    for i, name in tasks:
-        scan = scan_class(name, root, name_filter)
-        # Plain fields, not the dataclass: here it is __main__.ClassScan, which the parent cannot unpickle.
-        fields = (scan.paths, scan.count, scan.dirs, scan.loops, scan.unreadable, scan.odd)
-        pickle.dump((i, fields), out, protocol=pickle.HIGHEST_PROTOCOL)
-    out.flush()
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--scan-worker"]:
-    _worker_main()

@@ -10,8 +10,9 @@ import os
 
 import numpy as np
 
+from feedline.datasets.listing import IMG_EXTENSIONS
 from feedline.datasets.records import Records, read_bytes, require_dir
-from feedline.datasets.scan import IMG_EXTENSIONS, list_images
+from feedline.datasets.scan import list_images
 
 UNLABELED = -1
 

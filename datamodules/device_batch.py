@@ -1,0 +1,51 @@
+"""What happens to a batch on the device, for ``ImageLoaders``: the batch stack (uint8 -> float,
+normalise), then, on training batches, the batch-level mix, in one memory format for every split.
+
+A mixin of ``ImageLoaders`` (``loaders.py``): it reads the transform stacks and the memory format from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from feedline.transforms.collate import Batch
+
+
+class DeviceBatch:
+    def _bind_mix(self) -> None:
+        if getattr(self.transforms.mix, "num_classes", 0) is None:
+            self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
+
+    def device_batch(
+        self,
+        batch: Batch,
+        training: bool = False,
+        device: torch.device | str | None = None,
+        seed: int | None = None,
+    ) -> Batch:
+        """What happens to a batch on the device: the batch stack (uint8 -> float, normalise), then, for
+        training batches, the batch-level augmentation (``transforms.mix``: mixup/cutmix), in one memory
+        format for every split (``data.memory_format``). Lightning calls it after each transfer; a plain
+        PyTorch loop calls it once per batch, with ``device``, which moves the batch there first.
+        ``seed``: the mix draws from a generator seeded with it (the same mix after a resume)."""
+        self._bind_mix()
+        if device is not None:
+            batch = batch.to(device)
+        image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
+        seeded = seed is not None and training and self.transforms.mix is not None
+        with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
+            if seeded:  # the mix of this batch, whatever ran before it
+                torch.default_generator.manual_seed(seed)
+            image, label = self.transforms.on_device(image, batch.label, training)
+        image = self._format(image)  # a no-op unless a transform changed the layout
+        if image.dim() == 4 and not image.is_floating_point():
+            raise TypeError(
+                f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
+                "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
+            )
+        return batch.replace(image=image, label=label)
+
+    def _format(self, image: torch.Tensor) -> torch.Tensor:
+        return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image
