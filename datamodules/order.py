@@ -1,7 +1,8 @@
 """An epoch's order and who reads what of it: pure functions of (seed, epoch), the world and a position.
 
     order     the epoch's global order: a permutation of the split's rows from (seed, epoch); a source may
-              bring its own (``records.epoch_order``: shards draw chunk by chunk), any permutation will do
+              bring its own, ``records.epoch_order(seed, epoch)`` (shards draw chunk by chunk): any
+              permutation that is a pure function of (seed, epoch) keeps every guarantee below
     segment   the part of that order one world reads: from ``start`` (samples of the order consumed before,
               by whatever world read them) to the end, padded with the order's first rows to a multiple of
               the world size (``DistributedSampler``'s padding), or cut to one (``drop_last``)

@@ -81,10 +81,14 @@ class EpochSampler(DistributedSampler):
         drop_last: bool,
         position=None,
         epoch: int = 0,
+        epoch_order=None,
     ):
         super().__init__(
             range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
+        # (seed, epoch) -> the epoch's rows in order: a source's own (records.epoch_order: shards draw chunk by
+        # chunk), else a seeded permutation (order.epoch_order)
+        self.epoch_order = epoch_order
         self.size = int(size)
         self.start = 0  # samples of the epoch's order consumed before the next iter() (once)
         self.position = position if position is not None else Position()
@@ -114,8 +118,12 @@ class EpochSampler(DistributedSampler):
 
     def order(self) -> np.ndarray:
         """This rank's indices for ``self.epoch`` from ``start`` on, in the order they are read."""
+        if self.epoch_order is not None and self.shuffle:
+            order = np.asarray(self.epoch_order(self.seed, self.epoch), dtype=np.int64)
+        else:
+            order = epoch_order(self.size, self.seed, self.epoch, self.shuffle)
         rows = segment_rows(
-            epoch_order(self.size, self.seed, self.epoch, self.shuffle),
+            order,
             self.start,
             self.num_replicas,
             self.drop_last,

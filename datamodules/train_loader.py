@@ -28,7 +28,15 @@ class TrainLoader:
         # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
         epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
         sampler = EpochSampler(
-            len(dataset), world_size, rank, True, seed, self.drop_last, self.position, epoch
+            len(dataset),
+            world_size,
+            rank,
+            True,
+            seed,
+            self.drop_last,
+            self.position,
+            epoch,
+            epoch_order=getattr(dataset.records, "epoch_order", None),  # a source's own order, if it has one
         )
         return ResumableLoader(
             dataset,

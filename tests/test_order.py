@@ -83,3 +83,23 @@ def test_a_segment_counts_its_own_batches_from_its_base():
     assert (
         segment.consumed(3, 100) == 24 and segment.consumed(5, 100) == 44 and segment.consumed(99, 100) == 100
     )
+
+
+def test_a_source_brings_its_own_order_and_keeps_every_guarantee():
+    from feedline.datamodules.resume import EpochSampler
+
+    def reversed_order(seed, epoch):  # any permutation that is a pure function of (seed, epoch)
+        return np.arange(20)[::-1] if epoch % 2 else np.arange(20)
+
+    for epoch in (0, 1):
+        shares = []
+        for rank in range(2):
+            sampler = EpochSampler(20, 2, rank, True, 0, False, epoch_order=reversed_order)
+            sampler.set_epoch(epoch)
+            shares.append([i for i, _ in sampler])
+        assert shares[0] == reversed_order(0, epoch)[0::2].tolist()
+        assert sorted(shares[0] + shares[1]) == list(range(20))
+    resumed = EpochSampler(20, 1, 0, True, 0, False, epoch_order=reversed_order)
+    resumed.set_epoch(1)
+    resumed.start = 6
+    assert [i for i, _ in resumed] == list(range(13, -1, -1))  # the rest of its own order
