@@ -206,6 +206,8 @@ def _scan_in_workers(root: str, classes: list[str], extensions, workers: int, ba
     for proc, reader in zip(procs, readers):
         reader.join()
         stderr = proc.stderr.read().decode(errors="replace")
+        proc.stdout.close()
+        proc.stderr.close()
         if proc.wait() != 0:
             errors.append(
                 stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {proc.returncode}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -23,21 +24,12 @@ def assert_quiet(output: str) -> None:
     assert not noise, "noise in the run's output:\n" + "\n".join(noise)
 
 
-@pytest.mark.slow
-def test_the_default_training_run_prints_nothing_but_feedline_lightning_and_the_summary(tmp_path):
-    tree = simple_tree(tmp_path / "tree", per_class=8)
-    (tmp_path / "tree" / "cat" / "broken.jpg").write_bytes(image_bytes(".jpg")[:60])  # a truncated JPEG
+def run_train(tmp_path, *overrides: str) -> str:
     done = subprocess.run(
         [
             sys.executable,
             "train.py",
-            "source=folder",
-            f"source.root={tree}",
-            "transforms=digits",
-            "trainer.max_epochs=2",
-            "trainer.accelerator=cpu",
-            "data.batch_size=4",
-            "data.num_workers=1",
+            *overrides,
             f"paths.cache_dir={tmp_path / 'cache'}",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
@@ -45,10 +37,34 @@ def test_the_default_training_run_prints_nothing_but_feedline_lightning_and_the_
         capture_output=True,
         text=True,
         timeout=600,
-        env={**__import__("os").environ, "PYTHONWARNINGS": "default"},
+        env={**os.environ, "PYTHONWARNINGS": "default"},
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.mark.slow
+def test_the_default_training_run_is_quiet(tmp_path):
+    output = run_train(tmp_path, "trainer.max_epochs=1", "+trainer.limit_train_batches=5")  # make train's run
+    assert_quiet(output)
+    assert "summary: val_acc=" in output and "files skipped: 0" in output
+
+
+@pytest.mark.slow
+def test_a_bad_file_is_one_line_and_the_summary_counts_it(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=8)
+    (tmp_path / "tree" / "cat" / "broken.jpg").write_bytes(image_bytes(".jpg")[:60])  # a truncated JPEG
+    output = run_train(
+        tmp_path,
+        "source=folder",
+        f"source.root={tree}",
+        "transforms=digits",
+        "trainer.max_epochs=2",
+        "trainer.accelerator=cpu",
+        "data.batch_size=4",
+        "data.num_workers=1",
+    )
     assert_quiet(output)
     bad = [line for line in output.splitlines() if "broken.jpg" in line and "skipping" in line]
     assert len(bad) == 1 and "a corrupt or truncated JPEG file" in bad[0], bad  # one line: the path, in words
