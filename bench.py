@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.datasets.scan import available_cpus
-from feedline.diagnostics.anchor import anchor_root, imagefolder_loader
+from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
 from feedline.diagnostics.drawing import draw_bench
 from feedline.diagnostics.in_force import in_force
 from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
@@ -113,14 +113,15 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
             anchor_loader = imagefolder_loader(
                 anchor_root(datamodule.source), datamodule.transforms.train, batch_size, workers
             )
-            anchor = measure_loader(
+            anchor = measure_anchor(
                 anchor_loader,
                 options.batches,
                 options.seconds,
                 options.warmup,
                 lambda n: progress.advance(task, n),
             )
-            anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
+            if anchor is not None:
+                anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
 
     result = {
         "pipeline": f"{_choices(cfg)}, {len(dataset)} samples, batch {batch_size}",
