@@ -56,6 +56,7 @@ def measure_loader(
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Iterate ``loader`` for ``batches`` batches (or ``seconds``) after ``warmup`` batches; no model."""
+    check_warmup(loader, warmup)
     iterator = iter(loader)
     for _ in range(warmup):
         if next(iterator, None) is None:
@@ -87,6 +88,21 @@ def measure_loader(
         "samples_per_s": samples / elapsed,
         "batches_per_s": done / elapsed,
     }
+
+
+def check_warmup(loader: DataLoader, warmup: int) -> None:
+    """Before any batch is read: the warm-up leaves at least one batch of the epoch to time, or an error
+    naming the batches there are and both keys that change it."""
+    try:
+        batches, samples = len(loader), len(loader.sampler)
+    except TypeError:  # a loader without a length: found out as it runs
+        return
+    if warmup >= batches:
+        raise ValueError(
+            f"the train split has {batches} batch(es) of {loader.batch_size} ({samples} samples), and "
+            f"bench.warmup={warmup} skips {warmup} before timing, which leaves none: set "
+            f"bench.warmup={max(0, batches - 1)} or less, or lower data.batch_size"
+        )
 
 
 def ship(batch) -> None:

@@ -302,3 +302,17 @@ def test_the_anchor_is_printed_with_feedlines_rate_over_it(make_cfg, tmp_path):
         f"torchvision ImageFolder (the anchor): {anchor['samples_per_s']:.1f} samples/s with "
         f"{anchor['workers']} worker(s); feedline: {anchor['ratio']:.2f}x its rate" in out.getvalue()
     )
+
+
+@pytest.mark.parametrize("warmup", [3, 7])
+def test_a_warm_up_that_leaves_no_batch_to_time_names_the_batches_and_both_keys(make_cfg, tmp_path, warmup):
+    """27 training samples in batches of 4: 7 batches; a warm-up of 3 or 7 with data.batch_size=16 (2
+    batches) or 4 (7 batches) leaves none, and the error says how many there are."""
+    size = 16 if warmup == 3 else 4
+    batches = -(-27 // size)
+    with pytest.raises(
+        ValueError,
+        match=rf"the train split has {batches} batch\(es\) of {size} \(27 samples\), and bench.warmup={warmup} "
+        rf"skips {warmup}.*bench.warmup={batches - 1}.*data.batch_size",
+    ):
+        run(make_cfg, tmp_path, SLEEP, f"bench.warmup={warmup}", f"data.batch_size={size}")
