@@ -20,10 +20,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.datasets.scan import available_cpus
-from feedline.diagnostics.anchor import anchor_root, imagefolder_loader
+from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
 from feedline.diagnostics.drawing import draw_bench
 from feedline.diagnostics.in_force import in_force
-from feedline.diagnostics.loader_bench import measure_loader, model_step, stage_breakdown
+from feedline.diagnostics.loader_bench import check_warmup, measure_loader, model_step, stage_breakdown
 from feedline.diagnostics.options import SWEEP, BenchOptions
 from feedline.diagnostics.report import print_report
 from feedline.diagnostics.results import write_json
@@ -73,6 +73,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     settings = datamodule.loader_settings()
     workers, batch_size, cpus = settings["num_workers"], settings["batch_size"], available_cpus()
 
+    check_warmup(datamodule.train_dataloader(), options.warmup)  # before the breakdown: it takes a while
     sweep_mode = options.workers == SWEEP
     if sweep_mode:
         check_sweep_size(len(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
@@ -113,14 +114,15 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
             anchor_loader = imagefolder_loader(
                 anchor_root(datamodule.source), datamodule.transforms.train, batch_size, workers
             )
-            anchor = measure_loader(
+            anchor = measure_anchor(
                 anchor_loader,
                 options.batches,
                 options.seconds,
                 options.warmup,
                 lambda n: progress.advance(task, n),
             )
-            anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
+            if anchor is not None:
+                anchor.update(workers=workers, ratio=loader["samples_per_s"] / anchor["samples_per_s"])
 
     result = {
         "pipeline": f"{_choices(cfg)}, {len(dataset)} samples, batch {batch_size}",
@@ -212,6 +214,7 @@ def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: i
     loader_batch = batch_size / samples_per_s
     return {
         "device": str(device),
+        "batch_size": len(batch[1]),  # the batch the step was timed on
         "step_s": step,
         "loader_batch_s": loader_batch,
         "covered": min(1.0, step / loader_batch),

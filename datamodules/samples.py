@@ -116,12 +116,7 @@ class SampleDataset(Dataset):
             else:
                 image, label = self.decode(record[0]), record[1]
         except (OSError, DecodeError) as err:
-            path = self.records.describe(i)
-            if self.on_bad_sample is OnBadSample["raise"]:
-                raise BadSampleError(
-                    f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
-                ) from err
-            self._flags().found(i, path, err)
+            self.bad_sample(i, err)
             if self.with_paths:
                 return None  # predict: the file is left out of its batch (``WithPaths``), never replaced
             image, label, used = self._substitute(i)
@@ -130,6 +125,16 @@ class SampleDataset(Dataset):
         if self.with_paths:
             return self.augment(image), label, self.records.describe(used)
         return self.augment(image), label
+
+    def bad_sample(self, i: int, err: Exception) -> None:
+        """Sample ``i`` could not be read or decoded (``err``): ``raise``, a ``BadSampleError`` naming it;
+        ``skip``, named once and counted against ``max_bad_fraction`` (the caller leaves it out)."""
+        path = self.records.describe(i)
+        if self.on_bad_sample is OnBadSample["raise"]:
+            raise BadSampleError(
+                f"bad sample {path}: {err} (data.on_bad_sample=raise; set data.on_bad_sample=skip to skip it)"
+            ) from err
+        self._flags().found(i, path, err)
 
     def _flags(self) -> BadSamples:
         if self.bad is None:  # used without a datamodule: flags of this process alone

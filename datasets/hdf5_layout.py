@@ -57,6 +57,12 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
                     f"{', '.join(f.keys())})"
                 )
         images, labels = f[images_key], f[labels_key]
+        _check_images(images, images_key, f"{key} '{path}'")
+        if not isinstance(labels, h5py.Dataset):
+            raise ValueError(
+                f"{key} '{path}': '{labels_key}' is a group, not a dataset: set source.labels_key to the "
+                "dataset of labels"
+            )
         check_label_shape(labels.shape, f"{key} '{path}': labels '{labels_key}'")
         vlen = h5py.check_vlen_dtype(images.dtype) is not None
         packed = images.attrs.get("layout") if not vlen else None
@@ -78,6 +84,22 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
             "identity": identity(f.id.get_vfd_handle()),  # every later open checks it is still this file
         }
     return info
+
+
+def _check_images(images, name: str, where: str) -> None:
+    """``images`` is an array of rows that can hold images (a dataset of at least one axis, numbers or bytes,
+    no axis of size 0 past the rows), or an error naming the file and ``source.images_key``."""
+    fix = f"set source.images_key to the dataset of images (now '{name}')"
+    if not isinstance(images, h5py.Dataset):
+        raise ValueError(f"{where}: '{name}' is a group, not a dataset: {fix}")
+    if images.ndim == 0:
+        raise ValueError(f"{where}: '{name}' is a scalar, not an array of images: {fix}")
+    if h5py.check_vlen_dtype(images.dtype) is not None:
+        return
+    if images.dtype.kind not in "uifb":
+        raise ValueError(f"{where}: images of dtype {images.dtype} are not pixels or encoded bytes: {fix}")
+    if 0 in images.shape[1:]:
+        raise ValueError(f"{where}: images of shape {images.shape} have an axis of size 0: {fix}")
 
 
 def _ragged_index(f: h5py.File, images, n: int, where: str, layout: str) -> dict:
@@ -125,11 +147,24 @@ def _layout(images, layout: str, path: str) -> str:
     )
 
 
+IMPLIED_CLASSES = 1 << 16  # classes 0..max label a file may imply without naming them, beyond twice its rows
+
+
 def _read_classes(f: h5py.File, labels, where: str) -> list[str]:
+    """The file's ``classes`` attribute, else "0".."max label". A label past both twice the rows and
+    IMPLIED_CLASSES is refused, never counted up to (2**40 would be a trillion class names and a model head
+    as wide)."""
     if "classes" in f.attrs:
         return list(json.loads(f.attrs["classes"]))
     values = check_labels(labels[:], None, where)
     top = int(np.max(values)) if len(values) else -1
+    if top + 1 > max(2 * len(values), IMPLIED_CLASSES):
+        row = int(np.argmax(values))
+        raise ValueError(
+            f"{where} holds label {top} at row {row}, and the file names no classes (no 'classes' attribute): "
+            f"its classes would be 0..{top}, {top + 1} of them for {len(values)} images. Labels are class "
+            "indices 0..C-1: fix the file's labels, or set source.labels_key to such a dataset"
+        )
     return [str(c) for c in range(top + 1)]
 
 

@@ -4,7 +4,13 @@ default collate), with the same batch size and workers, timed by the same ``meas
 
 from __future__ import annotations
 
+import logging
+
 from torch.utils.data import DataLoader
+
+from feedline.diagnostics.loader_bench import measure_loader
+
+log = logging.getLogger(__name__)
 
 
 def anchor_root(source) -> str:
@@ -27,3 +33,17 @@ def imagefolder_loader(root: str, transform, batch_size: int, workers: int) -> D
     return DataLoader(
         dataset, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
     )
+
+
+def measure_anchor(loader: DataLoader, *args, **kwargs) -> dict | None:
+    """``measure_loader`` on the anchor, or None with a warning when ImageFolder stops at a file it cannot
+    read (it has no bad-sample policy: a user's own loop stops there too)."""
+    try:
+        return measure_loader(loader, *args, **kwargs)
+    except OSError as err:  # PIL's UnidentifiedImageError, a truncated JPEG: raised again from its worker
+        log.warning(
+            "the anchor is not measured: torchvision's ImageFolder stopped at a file it cannot read (%s), where "
+            "feedline skips it (data.on_bad_sample); remove or fix the file, or set bench.anchor=false",
+            err,
+        )
+        return None

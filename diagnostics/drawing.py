@@ -41,7 +41,7 @@ def _stages(ax, result: dict) -> None:
     colours = [FEEDLINE] * len(names)
     model = result.get("model")
     if model:
-        batch = result["loader"]["samples"] / max(1, result["loader"]["batches"])
+        batch = model.get("batch_size") or result["loader"]["samples"] / max(1, result["loader"]["batches"])
         names.append(f"model step ({model['device']})")
         values.append(model["step_s"] * 1e3 / batch)
         colours.append(MODEL)

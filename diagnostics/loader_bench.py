@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from feedline.datamodules.bad_samples import BadSampleError
+from feedline.transforms.decode import DecodeError
 from feedline.transforms.deferred import PendingCrop
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ def measure_loader(
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Iterate ``loader`` for ``batches`` batches (or ``seconds``) after ``warmup`` batches; no model."""
+    check_warmup(loader, warmup)
     iterator = iter(loader)
     for _ in range(warmup):
         if next(iterator, None) is None:
@@ -87,6 +90,21 @@ def measure_loader(
     }
 
 
+def check_warmup(loader: DataLoader, warmup: int) -> None:
+    """Before any batch is read: the warm-up leaves at least one batch of the epoch to time, or an error
+    naming the batches there are and both keys that change it."""
+    try:
+        batches, samples = len(loader), len(loader.sampler)
+    except TypeError:  # a loader without a length: found out as it runs
+        return
+    if warmup >= batches:
+        raise ValueError(
+            f"the train split has {batches} batch(es) of {loader.batch_size} ({samples} samples), and "
+            f"bench.warmup={warmup} skips {warmup} before timing, which leaves none: set "
+            f"bench.warmup={max(0, batches - 1)} or less, or lower data.batch_size"
+        )
+
+
 def ship(batch) -> None:
     """What a worker does to hand a batch to the main process: put every tensor in a fresh shared-memory
     segment (torch allocates one per batch; on some VMs its page faults cost more than the copy)."""
@@ -107,14 +125,20 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
     shipped = workers > 0 and not getattr(collate, "reuse_buffers", False)
     seconds = dict.fromkeys(STAGES, 0.0)
     payload_bytes, samples, formats = 0, [], {}
+    good = []  # the items read and decoded: an unreadable one is named (or raised) as training does
     for chunk in _chunks(indices, batch_size):  # read as the loader does: a batch at a time where it can
         t0 = clock()
-        items = dataset.read_many(chunk)
+        items = _read(dataset, chunk)
         seconds["read"] += clock() - t0
-        for payload, label in items:
+        for i, (payload, label) in items:
             t1 = clock()
-            image = dataset.decode(payload)
+            try:
+                image = dataset.decode(payload)
+            except (OSError, DecodeError) as err:
+                dataset.bad_sample(i, err)
+                continue
             t2 = clock()
+            good.append(i)
             image = dataset.augment(image)
             t3 = clock()
             seconds["decode"] += t2 - t1
@@ -138,18 +162,23 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
             ship(batch)
             seconds["ipc"] += clock() - t1
 
+    n = len(good)
+    if not n:
+        raise BadSampleError(
+            f"none of the {len(indices)} items sampled for the stage breakdown could be read: check the data"
+        )
     start = clock()
-    for chunk in _chunks(indices, batch_size):
+    for chunk in _chunks(good, batch_size):
         batch = collate(dataset.__getitems__(chunk))
         if shipped:
             ship(batch)
     total = clock() - start
 
-    n = len(indices)
     per_sample = {stage: s / n for stage, s in seconds.items()}
     stages_sum = sum(per_sample.values())
     return {
         "items": n,
+        "bad": len(indices) - n,  # unreadable items, named in the log and left out of the timings
         "per_sample_s": per_sample,
         "share": {stage: (t / stages_sum if stages_sum else 0.0) for stage, t in per_sample.items()},
         "stages_sum_s": stages_sum,
@@ -160,6 +189,22 @@ def stage_breakdown(dataset, collate, indices: list[int], batch_size: int, worke
             stage for stage in STAGES if (stage != "ipc" or shipped) and (stage != "crop" or deferred)
         ],
     }
+
+
+def _read(dataset, indices: list[int]) -> list[tuple[int, tuple]]:
+    """(index, (payload, label)) for each of ``indices`` that can be read: in one ``read_many`` call, or one
+    by one when it fails, each unreadable index handed to ``dataset.bad_sample``."""
+    try:
+        return list(zip(indices, dataset.read_many(indices)))
+    except (OSError, DecodeError):
+        pass
+    items = []
+    for i in indices:
+        try:
+            items.append((i, dataset.read_many([i])[0]))
+        except (OSError, DecodeError) as err:
+            dataset.bad_sample(i, err)
+    return items
 
 
 def _time_crops(samples: list) -> float:

@@ -47,6 +47,13 @@ def print_report(result: dict, console: Console | None = None) -> None:
     table.add_row("end to end", f"{stages['end_to_end_s'] * 1e3:.3f}", "")
     console.print(table)
 
+    if result.get("anchor"):
+        a = result["anchor"]
+        console.print(
+            f"torchvision ImageFolder (the anchor): {a['samples_per_s']:.1f} samples/s with {a['workers']} "
+            f"worker(s); feedline: {a['ratio']:.2f}x its rate"
+        )
+
     if result.get("sweep"):
         console.print("worker sweep:")
         table = Table()

@@ -222,3 +222,97 @@ def test_the_process_start_time_is_read_from_proc():
     # The same instant psutil reads (a timestamp, not a duration); psutil rounds the boot time to the second.
     started = process_start()
     assert started is not None and abs(started - psutil.Process().create_time()) < 2.0
+
+
+def corrupt_tree(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    (tmp_path / "tree" / "cat" / "003.png").write_bytes(b"garbage")
+    return tree
+
+
+def test_an_unreadable_file_is_skipped_and_named_in_the_breakdown_as_in_training(make_cfg, tmp_path, caplog):
+    """The per-stage breakdown decodes each item itself: an unreadable one is left out of its timings and
+    named, as training skips it, never a DecodeError that names no file."""
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={corrupt_tree(tmp_path)}",
+        *QUICK,
+        SLEEP,
+        "bench.sample_items=1000",  # every training sample, the bad one included
+        "source.val_fraction=0",
+        "data.max_bad_fraction=0.1",
+        config="bench",
+    )
+    with caplog.at_level(logging.WARNING):
+        result = bench(cfg, show=False)
+    assert "cat/003.png" in caplog.text
+    assert result["breakdown"]["items"] == 29 and result["breakdown"]["bad"] == 1  # 30 train samples, 1 bad
+
+
+def test_an_unreadable_file_under_on_bad_sample_raise_stops_the_breakdown_naming_it(make_cfg, tmp_path):
+    from feedline.datamodules.bad_samples import BadSampleError
+
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={corrupt_tree(tmp_path)}",
+        *QUICK,
+        SLEEP,
+        "bench.sample_items=1000",
+        "source.val_fraction=0",
+        "data.on_bad_sample=raise",
+        "bench.warmup=0",
+        config="bench",
+    )
+    with pytest.raises(BadSampleError, match=r"cat/003\.png"):
+        bench(cfg, show=False)
+
+
+def test_the_anchor_that_stops_at_an_unreadable_file_is_left_out_with_a_warning(make_cfg, tmp_path, caplog):
+    """torchvision's ImageFolder, written as a user would, stops at a file it cannot read: bench says so and
+    reports feedline's own figures."""
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={corrupt_tree(tmp_path)}",
+        *QUICK,
+        SLEEP,
+        "bench.batches=100",
+        "source.val_fraction=0",
+        "data.max_bad_fraction=0.1",
+        "bench.anchor=true",
+        config="bench",
+    )
+    with caplog.at_level(logging.WARNING):
+        result = bench(cfg, show=False)
+    assert result["anchor"] is None and result["loader"]["batches"] > 0
+    assert "ImageFolder stopped" in caplog.text and "bench.anchor=false" in caplog.text
+
+
+def test_the_anchor_is_printed_with_feedlines_rate_over_it(make_cfg, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from feedline.diagnostics.report import print_report
+
+    result = run(make_cfg, tmp_path, SLEEP, "bench.anchor=true")
+    out = io.StringIO()
+    print_report(result, Console(file=out, width=120))
+    anchor = result["anchor"]
+    assert (
+        f"torchvision ImageFolder (the anchor): {anchor['samples_per_s']:.1f} samples/s with "
+        f"{anchor['workers']} worker(s); feedline: {anchor['ratio']:.2f}x its rate" in out.getvalue()
+    )
+
+
+@pytest.mark.parametrize("warmup", [3, 7])
+def test_a_warm_up_that_leaves_no_batch_to_time_names_the_batches_and_both_keys(make_cfg, tmp_path, warmup):
+    """27 training samples in batches of 4: 7 batches; a warm-up of 3 or 7 with data.batch_size=16 (2
+    batches) or 4 (7 batches) leaves none, and the error says how many there are."""
+    size = 16 if warmup == 3 else 4
+    batches = -(-27 // size)
+    with pytest.raises(
+        ValueError,
+        match=rf"the train split has {batches} batch\(es\) of {size} \(27 samples\), and bench.warmup={warmup} "
+        rf"skips {warmup}.*bench.warmup={batches - 1}.*data.batch_size",
+    ):
+        run(make_cfg, tmp_path, SLEEP, f"bench.warmup={warmup}", f"data.batch_size={size}")

@@ -120,3 +120,20 @@ def test_the_readme_charts_are_drawn_from_the_benchmarks_json(tmp_path):
     assert done.returncode == 0, done.stderr
     for name in ("peers", "scaling"):
         assert_drawn(tmp_path / f"{name}.png")
+
+
+def test_the_model_step_is_drawn_per_sample_of_the_batch_it_was_timed_on():
+    """The step is timed on one full batch of 4; the loader's measured batches (27 samples in 7: the last
+    one short) do not divide it."""
+    from matplotlib.figure import Figure
+
+    from feedline.diagnostics.drawing import _stages
+
+    result = {
+        "breakdown": {"per_sample_s": {"read": 0.001}, "stages_run": ["read"]},
+        "loader": {"samples": 27, "batches": 7},
+        "model": {"device": "cpu", "step_s": 0.4, "batch_size": 4},
+    }
+    ax = Figure().subplots()
+    _stages(ax, result)
+    assert max(bar.get_width() for bar in ax.patches) == pytest.approx(100.0)  # 400 ms / 4 samples

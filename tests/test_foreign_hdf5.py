@@ -129,3 +129,46 @@ def test_multi_dimensional_labels_are_refused_naming_the_key_and_shape(tmp_path)
     )
     with pytest.raises(ValueError, match=r"l\.h5': labels 'labels' has shape \(6, 2\).*source\.labels_key"):
         HDF5Source(path, cache_dir=tmp_path / "c")
+
+
+def test_a_label_far_past_the_rows_in_a_file_without_class_names_is_refused_not_counted_up_to(tmp_path):
+    """Without a ``classes`` attribute the classes are 0..max label: one stray 2**40 would make a list of a
+    trillion class names (memory exhausted, the run killed) and a model head as wide."""
+    labels = np.arange(20) % 3
+    labels[7] = 2**40
+    path = write(tmp_path / "f.h5", np.zeros((20, 8, 8, 3), np.uint8), labels)
+    with pytest.raises(ValueError, match=r"labels 'labels' holds label 1099511627776 at row 7.*20 images"):
+        HDF5Source(path, cache_dir=tmp_path / "c")
+
+
+def test_a_file_without_class_names_may_leave_classes_unused(tmp_path):
+    """Labels 0 and 999 in ten rows (a subset of a 1000-class set): 1000 classes, as the labels say."""
+    labels = np.where(np.arange(10) % 2, 999, 0)
+    path = write(tmp_path / "f.h5", np.zeros((10, 8, 8, 3), np.uint8), labels)
+    assert len(HDF5Source(path, val_fraction=0, cache_dir=tmp_path / "c").classes) == 1000
+
+
+def group_images(f):
+    f.create_group("images")["x"] = np.zeros(3)
+
+
+@pytest.mark.parametrize(
+    "images, said",
+    [
+        (group_images, r"'images' is a group, not a dataset"),
+        (np.array(5), r"'images' is a scalar"),
+        (np.zeros((20, 0, 8, 3), np.uint8), r"images of shape \(20, 0, 8, 3\) have an axis of size 0"),
+        (np.zeros((20, 8, 8, 3), np.complex64), r"images of dtype complex64"),
+    ],
+    ids=["group", "scalar", "empty-axis", "complex"],
+)
+def test_images_that_are_no_image_array_are_refused_naming_the_key(tmp_path, images, said):
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        if callable(images):
+            images(f)
+        else:
+            f["images"] = images
+        f["labels"] = np.arange(20) % 3
+    with pytest.raises(ValueError, match=rf"source.path '.*f.h5': {said}.*source.images_key"):
+        HDF5Source(path, cache_dir=tmp_path / "c")
