@@ -133,6 +133,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         "sweep": sweep,
         "anchor": anchor,
         "recommended_workers": recommend_workers(sweep) if sweep else None,
+        "configured_workers": settings["num_workers"],  # data.num_workers as the run resolves it
     }
     if options.model_step:
         result["model"] = _model_step(cfg, datamodule, loader["samples_per_s"], batch_size)
@@ -212,6 +213,7 @@ def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: i
     loader_batch = batch_size / samples_per_s
     return {
         "device": str(device),
+        "batch_size": batch_size,  # the step's batch: a full one
         "step_s": step,
         "loader_batch_s": loader_batch,
         "covered": min(1.0, step / loader_batch),

@@ -222,3 +222,44 @@ def test_the_process_start_time_is_read_from_proc():
     # The same instant psutil reads (a timestamp, not a duration); psutil rounds the boot time to the second.
     started = process_start()
     assert started is not None and abs(started - psutil.Process().create_time()) < 2.0
+
+
+class _ThreadsSeen:
+    """A dataset of two blank images that records torch's intra-op thread count in each stage."""
+
+    def __init__(self):
+        self.threads = []
+
+    def read_many(self, indices):
+        return [(b"x", 0) for _ in indices]
+
+    def __getitems__(self, indices):
+        return [(self.augment(self.decode(p)), label) for p, label in self.read_many(indices)]
+
+    def decode(self, payload):
+        import torch
+
+        self.threads.append(torch.get_num_threads())
+        return torch.zeros(3, 4, 4, dtype=torch.uint8)
+
+    def augment(self, image):
+        return image
+
+
+def test_the_breakdown_runs_on_one_thread_as_a_worker_does():
+    import torch
+
+    from feedline.diagnostics.loader_bench import stage_breakdown
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        dataset = _ThreadsSeen()
+        stage_breakdown(dataset, Uint8Collate(), [0, 1], batch_size=2, workers=1)
+        assert set(dataset.threads) == {1}  # a DataLoader worker's setting, not the main process's
+        assert torch.get_num_threads() == 2  # restored
+        dataset = _ThreadsSeen()
+        stage_breakdown(dataset, Uint8Collate(), [0, 1], batch_size=2, workers=0)
+        assert set(dataset.threads) == {2}  # no workers: the main process loads on its own threads
+    finally:
+        torch.set_num_threads(before)

@@ -120,3 +120,15 @@ def test_the_readme_charts_are_drawn_from_the_benchmarks_json(tmp_path):
     assert done.returncode == 0, done.stderr
     for name in ("peers", "scaling"):
         assert_drawn(tmp_path / f"{name}.png")
+
+
+def test_the_model_step_is_drawn_per_sample_of_the_batch_it_stepped_on():
+    from feedline.diagnostics.drawing import stage_bars
+
+    result = {
+        "breakdown": {"stages_run": ["decode"], "per_sample_s": {"decode": 0.001}},
+        "loader": {"samples": 42, "batches": 11},  # the epoch's short last batch lowers the mean to 3.8
+        "model": {"device": "cpu", "batch_size": 4, "step_s": 0.4},
+    }
+    names, values, _ = stage_bars(result)
+    assert names[-1] == "model step (cpu)" and values[-1] == pytest.approx(100.0)
