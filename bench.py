@@ -135,6 +135,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
         "sweep": sweep,
         "anchor": anchor,
         "recommended_workers": recommend_workers(sweep) if sweep else None,
+        "configured_workers": settings["num_workers"],  # data.num_workers as the run resolves it
     }
     if options.model_step:
         result["model"] = _model_step(cfg, datamodule, loader["samples_per_s"], batch_size)

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
-from feedline.cli.checkpoints import resolve_ckpt_path
+from feedline.cli.checkpoints import resolve_ckpt_path, resuming_into_own_dir
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.run_dir import own_run_dir
 from feedline.cli.trainer_keys import check_trainer_keys, trainer_arguments
@@ -54,7 +54,8 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     if throughput is not None and in_sweep:  # a sweep's jobs share one process: time each from its own start
         throughput.started = job_started
     # feedline's checkpoints are the run's own files, holding the datamodule's config beside the weights
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+    with resuming_into_own_dir(ckpt_path):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     summary = {

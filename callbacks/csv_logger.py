@@ -65,7 +65,7 @@ class AppendingWriter(ExperimentWriter):
             moved_to = os.path.join(self.log_dir, REPLACED)
             _append_rows(self._fs, moved_to, replaced)
             log.warning(
-                "%s held %d rows from step %d on, logged by an earlier launch in this directory; this launch "
+                "%s held %d row(s) from step %d on, logged by an earlier launch in this directory; this launch "
                 "logs those steps again (it resumed from a checkpoint before them, or started afresh): the "
                 "earlier rows are moved to %s",
                 self.metrics_file_path,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
+import warnings
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -30,3 +32,15 @@ def resolve_ckpt_path(value: str | None, output_dir: str) -> str | None:
             os.path.abspath(output_dir),
         )
     return None
+
+
+@contextlib.contextmanager
+def resuming_into_own_dir(ckpt_path: str | None):
+    """Around ``trainer.fit``: a resume (``ckpt_path`` set) goes on writing into the checkpoint folder it
+    resumes from, so Lightning's "Checkpoint directory ... exists and is not empty" says nothing a user can act
+    on; a fresh start over checkpoints is refused before (``run_dir.check_fresh_start``). Only that warning,
+    and only while resuming."""
+    with warnings.catch_warnings():
+        if ckpt_path is not None:
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        yield

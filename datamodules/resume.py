@@ -225,8 +225,9 @@ class ResumableLoader(DataLoader):
             state.get(k) != self.checks.get(k) for k in ("world_size", "batch_size")
         ):
             log.info(
-                "the train loader resumes epoch %d on %d rank(s) of %d (the checkpoint's: %s of %s), after %d of "
-                "its %d samples: the rest is split over this world, each sample once",
+                "the train loader resumes epoch %d on %d rank(s), batches of %d per rank (the checkpoint's: %s "
+                "rank(s), batches of %s), after %d of its %d samples: the rest is split over this world, each "
+                "sample once",
                 position[0],
                 self.checks["world_size"],
                 self.checks["batch_size"],

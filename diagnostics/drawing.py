@@ -33,7 +33,10 @@ def draw_bench(result: dict, path: str) -> str:
     return path
 
 
-def _stages(ax, result: dict) -> None:
+def stage_bars(result: dict) -> tuple[list[str], list[float], list[str]]:
+    """The left panel's bars: names, ms per sample and colours; the model's step is per sample of the batch
+    it stepped on (a full ``data.batch_size``), not of the loader's mean batch, which a short last batch
+    lowers."""
     per_sample = result["breakdown"]["per_sample_s"]
     stages = result["breakdown"]["stages_run"]
     names = [STAGE_NAMES.get(stage, stage) for stage in stages]
@@ -45,6 +48,11 @@ def _stages(ax, result: dict) -> None:
         names.append(f"model step ({model['device']})")
         values.append(model["step_s"] * 1e3 / batch)
         colours.append(MODEL)
+    return names, values, colours
+
+
+def _stages(ax, result: dict) -> None:
+    names, values, colours = stage_bars(result)
     positions = range(len(names))[::-1]  # the first stage on top
     ax.barh(list(positions), values, color=colours)
     ax.set_yticks(list(positions), names)

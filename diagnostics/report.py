@@ -54,13 +54,16 @@ def print_report(result: dict, console: Console | None = None) -> None:
             f"worker(s); feedline: {a['ratio']:.2f}x its rate"
         )
 
+    recommended, configured = result.get("recommended_workers"), result.get("configured_workers")
     if result.get("sweep"):
         console.print("worker sweep:")
         table = Table()
         table.add_column("num_workers", justify="right")
         table.add_column("samples/s", justify="right")
         for workers, rate in result["sweep"].items():
-            mark = "  <- recommended" if int(workers) == result["recommended_workers"] else ""
+            mark = ""
+            if int(workers) == recommended:
+                mark = "  <- recommended" + (", as set" if recommended == configured else "")
             table.add_row(str(workers), f"{rate:.1f}{mark}")
         console.print(table)
 
@@ -78,7 +81,5 @@ def print_report(result: dict, console: Console | None = None) -> None:
     console.print("try:")
     for suggestion in verdict["suggestions"]:
         console.print(f"  - {suggestion}")
-    if result.get("recommended_workers") is not None:
-        console.print(
-            f"  - data.num_workers={result['recommended_workers']} (the fewest workers within 5% of the best rate)"
-        )
+    if recommended is not None and recommended != configured:  # advice the run already follows is not given
+        console.print(f"  - data.num_workers={recommended} (the fewest workers within 5% of the best rate)")

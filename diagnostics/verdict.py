@@ -2,7 +2,8 @@
 
 The rules, in order:
 - I/O-bound: reading takes the largest share of a sample's time, or adding workers does not raise the rate
-  (the disk or the network is the ceiling, not the CPUs);
+  (the disk or the network is the ceiling, not the CPUs), judged only on worker counts that each have a CPU
+  beside the training process's (on 2 CPUs a sweep cannot tell: a second worker shares a core);
 - collate- or IPC-bound: collate or ipc (a worker moving its batch into shared memory) takes the largest
   share, or the loader delivers far less than its workers could produce (the main process is the limit);
 - decode-bound / transform-bound: the largest share, when neither of the above holds (a crop the collate
@@ -26,20 +27,22 @@ from feedline.diagnostics.loader_bench import STAGE_NAMES
 class Advice:
     """One thing to try. ``formats``: the payload formats it helps with (``loader_bench.payload_format``:
     jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out, and so is
-    advice whose ``moot_if`` (an ``in_force`` name) the pipeline already does."""
+    advice with a ``moot_if`` name (``in_force``'s, or ``SWEPT`` / ``NO_WORKERS``) that holds for the run."""
 
     text: str
     formats: frozenset[str] | None = None
-    moot_if: str | None = None
+    moot_if: tuple[str, ...] = ()
 
     def fits(self, measured: dict | None, done: set[str] = frozenset()) -> bool:
-        if self.moot_if is not None and self.moot_if in done:
+        if any(name in done for name in self.moot_if):
             return False
         return self.formats is None or not measured or bool(self.formats & set(measured))
 
 
 JPEG, ENCODED = frozenset({"jpeg"}), frozenset({"jpeg", "png", "other"})
 NOT_JPEG = frozenset({"png", "other"})
+SWEPT = "swept"  # bench.workers=sweep ran: its table and recommendation replace "try a sweep"
+NO_WORKERS = "no workers"  # data.num_workers=0: there are no fewer workers to try
 
 # Per verdict, in the order they are offered; what does not fit the formats measured is left out, so a PNG
 # tree's decode-bound advice leads with raw pixels, not with JPEG's reduced decode.
@@ -47,7 +50,7 @@ SUGGEST = {
     "I/O-bound": [
         Advice(
             "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
-            moot_if=ONE_FILE,
+            moot_if=(ONE_FILE,),
         ),
         Advice("shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256"),
         Advice("put the data on local disk or in page cache; raise data.prefetch_factor to hide latency"),
@@ -56,7 +59,7 @@ SUGGEST = {
         Advice(
             "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
             JPEG,
-            moot_if=REDUCED_DECODE,
+            moot_if=(REDUCED_DECODE,),
         ),
         Advice("re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5", JPEG),
         Advice(
@@ -68,23 +71,27 @@ SUGGEST = {
             "that at out.quality (lossy; smaller ones keep their bytes), then source=hdf5",
             NOT_JPEG,
         ),
-        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=EVERY_CPU),
+        Advice(
+            "more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=(EVERY_CPU, SWEPT)
+        ),
     ],
     "transform-bound": [
         Advice("move batch-level work to the device: the transforms.batch stack runs after the transfer"),
         Advice(
             "keep per-sample transforms on uint8 tensors; crop before resizing; drop transforms that do not pay"
         ),
-        Advice("more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=EVERY_CPU),
+        Advice(
+            "more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=(EVERY_CPU, SWEPT)
+        ),
     ],
     "collate/IPC-bound": [
         Advice(
             "collate=uint8: one shared-memory uint8 tensor per batch, 4x fewer bytes than float32",
-            moot_if=UINT8_BATCHES,
+            moot_if=(UINT8_BATCHES,),
         ),
         Advice(
             "convert to float and normalise on the device (transforms.batch), not in the workers",
-            moot_if=FLOAT_ON_DEVICE,
+            moot_if=(FLOAT_ON_DEVICE,),
         ),
         Advice("larger data.batch_size means fewer, bigger messages between processes"),
     ],
@@ -96,7 +103,10 @@ SUGGEST = {
         Advice(
             "the loader has time to spare: stronger per-sample augmentation costs no step time until it fills it"
         ),
-        Advice("fewer workers would keep up too (bench.workers=sweep shows the curve), freeing CPUs"),
+        Advice(
+            "fewer workers may keep up too, freeing CPUs (bench.workers=sweep shows which)",
+            moot_if=(SWEPT, NO_WORKERS),
+        ),
     ],
 }
 
@@ -133,12 +143,15 @@ def diagnose(
     efficiency = rate / capacity if capacity else 1.0
 
     flat = False
-    if sweep and 1 in sweep and len(sweep) > 2 and cpus > 1:
-        best = max(sweep.values())
-        flat = best < FLAT_GAIN * sweep[1]
+    own_cpu = {w: r for w, r in (sweep or {}).items() if 1 <= w <= cpus - 1}  # one CPU left for training
+    if 1 in own_cpu and len(own_cpu) > 1:
+        most = max(own_cpu)
+        flat = max(own_cpu.values()) < FLAT_GAIN * own_cpu[1]
         if flat:
             reasons.insert(
-                0, f"throughput stays flat as workers increase ({sweep[1]:.0f} -> {best:.0f} samples/s)"
+                0,
+                f"throughput stays flat as workers increase ({own_cpu[1]:.0f} samples/s with 1 worker, "
+                f"{own_cpu[most]:.0f} with {most})",
             )
 
     if model and model["loader_batch_s"] <= model["step_s"]:
@@ -161,13 +174,33 @@ def diagnose(
             )
     else:
         verdict = "decode-bound" if top == "decode" else "transform-bound"
+    advice = suggestions(
+        verdict,
+        breakdown.get("formats"),
+        done | ({SWEPT} if sweep else set()) | ({NO_WORKERS} if workers == 0 else set()),
+    )
+    if verdict == "model-bound" and sweep:
+        advice += _fewer_workers(sweep, workers, model["loader_batch_s"] * rate / model["step_s"])
     return {
         "verdict": verdict,
         "reasons": reasons,
-        "suggestions": suggestions(verdict, breakdown.get("formats"), done),
+        "suggestions": advice,
         "in_force": sorted(done),
         "loader_efficiency": efficiency,
     }
+
+
+def _fewer_workers(sweep: dict[int, float], workers: int, needed: float) -> list[str]:
+    """The fewest workers of the sweep that still deliver ``needed`` samples/s (the model step's rate), when
+    that is fewer than ``workers``. At least one: with none, loading does not overlap the step at all."""
+    enough = [w for w, r in sweep.items() if w >= 1 and r >= needed]
+    if not enough or min(enough) >= workers:
+        return []
+    fewest = min(enough)
+    return [
+        f"data.num_workers={fewest} keeps up too ({sweep[fewest]:.0f} samples/s against the step's "
+        f"{needed:.0f}), freeing CPUs"
+    ]
 
 
 def recommend_workers(sweep: dict[int, float], within: float = 0.95) -> int:

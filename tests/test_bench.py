@@ -316,3 +316,44 @@ def test_a_warm_up_that_leaves_no_batch_to_time_names_the_batches_and_both_keys(
         rf"skips {warmup}.*bench.warmup={batches - 1}.*data.batch_size",
     ):
         run(make_cfg, tmp_path, SLEEP, f"bench.warmup={warmup}", f"data.batch_size={size}")
+
+
+class _ThreadsSeen:
+    """A dataset of two blank images that records torch's intra-op thread count in each stage."""
+
+    def __init__(self):
+        self.threads = []
+
+    def read_many(self, indices):
+        return [(b"x", 0) for _ in indices]
+
+    def __getitems__(self, indices):
+        return [(self.augment(self.decode(p)), label) for p, label in self.read_many(indices)]
+
+    def decode(self, payload):
+        import torch
+
+        self.threads.append(torch.get_num_threads())
+        return torch.zeros(3, 4, 4, dtype=torch.uint8)
+
+    def augment(self, image):
+        return image
+
+
+def test_the_breakdown_runs_on_one_thread_as_a_worker_does():
+    import torch
+
+    from feedline.diagnostics.loader_bench import stage_breakdown
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        dataset = _ThreadsSeen()
+        stage_breakdown(dataset, Uint8Collate(), [0, 1], batch_size=2, workers=1)
+        assert set(dataset.threads) == {1}  # a DataLoader worker's setting, not the main process's
+        assert torch.get_num_threads() == 2  # restored
+        dataset = _ThreadsSeen()
+        stage_breakdown(dataset, Uint8Collate(), [0, 1], batch_size=2, workers=0)
+        assert set(dataset.threads) == {2}  # no workers: the main process loads on its own threads
+    finally:
+        torch.set_num_threads(before)

@@ -137,3 +137,15 @@ def test_the_model_step_is_drawn_per_sample_of_the_batch_it_was_timed_on():
     ax = Figure().subplots()
     _stages(ax, result)
     assert max(bar.get_width() for bar in ax.patches) == pytest.approx(100.0)  # 400 ms / 4 samples
+
+
+def test_the_model_step_is_drawn_per_sample_of_the_batch_it_stepped_on():
+    from feedline.diagnostics.drawing import stage_bars
+
+    result = {
+        "breakdown": {"stages_run": ["decode"], "per_sample_s": {"decode": 0.001}},
+        "loader": {"samples": 42, "batches": 11},  # the epoch's short last batch lowers the mean to 3.8
+        "model": {"device": "cpu", "batch_size": 4, "step_s": 0.4},
+    }
+    names, values, _ = stage_bars(result)
+    assert names[-1] == "model step (cpu)" and values[-1] == pytest.approx(100.0)

@@ -132,7 +132,7 @@ def per_sample(batches) -> dict[int, bytes]:
     ("world", "batch", "new_world", "new_batch"), [(2, 3, 1, 5), (1, 4, 2, 3), (2, 2, 4, 3)]
 )
 def test_a_resume_on_another_world_and_batch_size_reads_the_rest_of_the_epoch_once(
-    tmp_path, world, batch, new_world, new_batch
+    tmp_path, caplog, world, batch, new_world, new_batch
 ):
     classes = [f"c{k:02d}" for k in range(24)]  # one image each: a label names its sample
     tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
@@ -159,8 +159,14 @@ def test_a_resume_on_another_world_and_batch_size_reads_the_rest_of_the_epoch_on
     assert state["consumed"] == 2 * batch * world and all(loader.state_dict() == state for loader in first)
 
     second = loaders(new_world, new_batch)
-    for loader in second:
-        loader.load_state_dict(state)
+    with caplog.at_level(logging.INFO, logger="feedline.datamodules.resume"):
+        for loader in second:
+            loader.load_state_dict(state)
+    said = (  # the world and the batch size, each named as what it is
+        f"on {new_world} rank(s), batches of {new_batch} per rank (the checkpoint's: {world} rank(s), "
+        f"batches of {batch}), after {2 * batch * world} of its 24 samples"
+    )
+    assert said in caplog.text
     ranks = [digests(loader) for loader in second]
     assert len({len(batches) for batches in ranks}) == 1  # every rank the same number of batches
     after = [b for batches in ranks for b in batches]

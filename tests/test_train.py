@@ -84,3 +84,23 @@ def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(make_cfg, tre
         *FAST, "source=folder", f"source.root={tree}", f"paths.output_dir={tmp_path / 'new'}"
     )
     assert train(elsewhere)["metrics"]["train/loss"] > 0
+
+
+def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exist(make_cfg, tree):
+    import warnings
+
+    run = [
+        "source=folder",
+        f"source.root={tree}",
+        "transforms=digits",
+        "trainer.accelerator=cpu",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+    ]
+    train(make_cfg(*run, "trainer.max_epochs=1"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train(make_cfg(*run, "trainer.max_epochs=2", "ckpt_path=last"))
+    assert not [w for w in seen if "exists and is not empty" in str(w.message)]

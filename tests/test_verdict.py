@@ -129,3 +129,76 @@ def test_a_sweep_on_too_few_samples_is_refused_with_what_it_needs(make_cfg, tmp_
         ValueError, match=r"bench.workers=sweep needs at least \d+ training samples .* has \d+"
     ):
         run(make_cfg, tmp_path, SLEEP, "bench.workers=sweep", per_class=4)
+
+
+def test_a_sweep_is_judged_flat_only_on_workers_with_a_cpu_of_their_own():
+    decode = _breakdown(read=0.03, decode=0.61, transform=0.02, collate=0.34)
+    # 2 CPUs: the second worker shares a core with the training process, so 1 -> 2 workers cannot tell.
+    two = diagnose(decode, 1527, 1, 2, {0: 158.0, 1: 1527.0, 2: 1394.0})
+    assert two["verdict"] == "decode-bound", two
+    assert not any("flat" in r for r in two["reasons"])
+    # 4 CPUs: 1..3 workers each have one; the reason names the rates it compared.
+    four = diagnose(decode, 330, 3, 4, {0: 200.0, 1: 310.0, 2: 320.0, 3: 330.0, 4: 290.0})
+    assert four["verdict"] == "I/O-bound"
+    assert "310 samples/s with 1 worker, 330 with 3" in four["reasons"][0]
+
+
+def test_a_model_bound_sweep_names_the_fewest_workers_that_keep_up():
+    decode = _breakdown(read=0.1, decode=0.7, transform=0.1, collate=0.1)
+    # batch 4: the step takes 0.4 s (10 samples/s); the loader at 2 workers gives 1000 samples/s.
+    model = {"step_s": 0.4, "loader_batch_s": 0.004, "device": "cpu"}
+    swept = diagnose(decode, 1000, 2, 4, {0: 9.0, 1: 600.0, 2: 1000.0, 3: 990.0}, model)
+    assert swept["verdict"] == "model-bound"
+    assert not any("bench.workers=sweep" in s for s in swept["suggestions"]), swept  # it was swept
+    assert any(s.startswith("data.num_workers=1 keeps up too") for s in swept["suggestions"]), swept
+    unswept = diagnose(decode, 1000, 2, 4, None, model)["suggestions"]
+    assert any("bench.workers=sweep shows which" in s for s in unswept)
+    no_workers = diagnose(decode, 1000, 0, 4, None, model)["suggestions"]
+    assert not any("fewer workers" in s for s in no_workers), no_workers
+
+
+def test_a_swept_run_is_never_told_to_sweep():
+    decode = _breakdown(read=0.1, decode=0.7, transform=0.1, collate=0.1)
+    assert any("bench.workers=sweep" in s for s in diagnose(decode, 1000, 1, 4)["suggestions"])
+    swept = diagnose(decode, 1000, 1, 4, {0: 200.0, 1: 1000.0, 2: 1900.0, 3: 2700.0})["suggestions"]
+    assert not any("bench.workers=sweep" in s for s in swept), swept
+
+
+def _report(**result):
+    from rich.console import Console
+
+    from feedline.diagnostics.report import print_report
+
+    base = {
+        "pipeline": "source=folder",
+        "workers": 1,
+        "loader": {"samples_per_s": 1000.0, "batches_per_s": 250.0},
+        "mb_per_s": 20.0,
+        "breakdown": {
+            "items": 8,
+            "stages_run": ["decode"],
+            "per_sample_s": {"decode": 0.001},
+            "share": {"decode": 1.0},
+            "stages_sum_s": 0.001,
+            "end_to_end_s": 0.001,
+        },
+        "verdict": {"verdict": "decode-bound", "reasons": [], "suggestions": []},
+    }
+    console = Console(record=True, width=120)
+    print_report({**base, **result}, console)
+    return console.export_text()
+
+
+def test_the_report_prints_the_anchor_and_no_worker_count_already_set():
+    printed = _report(
+        sweep={0: 200.0, 1: 1000.0, 2: 980.0},
+        recommended_workers=1,
+        configured_workers=1,
+        anchor={"workers": 1, "samples_per_s": 500.0, "ratio": 2.0},
+    )
+    assert "torchvision ImageFolder (the anchor): 500.0 samples/s with 1 worker(s)" in printed
+    assert "2.00x its rate" in printed
+    assert "<- recommended, as set" in printed
+    assert "data.num_workers=1" not in printed  # already what the run uses
+    printed = _report(sweep={0: 200.0, 1: 1000.0, 2: 980.0}, recommended_workers=1, configured_workers=2)
+    assert "data.num_workers=1 (the fewest workers within 5% of the best rate)" in printed
