@@ -200,12 +200,13 @@ class ResumableLoader(DataLoader):
         signal handler does, or at an epoch's end); else this loader's own position."""
         where = self.progress() if self.progress is not None else None
         epoch, batches = where if where is not None else (self.position.epoch, self.position.batches)
-        consumed = self._segment(epoch).consumed(batches, self.sampler.size)
+        segment = self._segment(epoch)
         return {
             "format": STATE_FORMAT,
             "epoch": epoch,
             "batches": batches,
-            "consumed": consumed,
+            "consumed": segment.consumed(batches, self.sampler.size),
+            "segment": [segment.start, segment.base],  # consumed follows from batches: checked on load
             **self.checks,
         }
 

@@ -4,7 +4,8 @@ The state (``ResumableLoader.state_dict``) is a position, the epoch, the batches
 the samples of the epoch's order consumed (``order.py``), with what the position counts in (``CHECKED``).
 A resume is refused (``data.resume=strict``) or warned about (``lenient``) when:
 
-- the state is missing, or unreadable (an edited or damaged checkpoint: ``batches=-3``);
+- the state is missing, or unreadable (an edited or damaged checkpoint: ``batches=-3``), or its samples
+  consumed do not follow from its batches (``segment`` records where its part of the epoch began);
 - it stands elsewhere than Lightning's own progress counters, which the same checkpoint restores
   (``lightning_position``): the loader would replay or skip samples while Lightning counts on;
 - what the order is made of changed: the data, the train split (which rows, drawn with which seed and
@@ -130,6 +131,9 @@ def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
         problems.append(
             f"the train loader state stands after {position[2]} samples of the epoch, but an epoch has {samples}"
         )
+    mismatch = _consumed_mismatch(state, position)
+    if mismatch:
+        problems.append(mismatch)
     if lightning is not None and position[:2] != tuple(lightning):
         problems.append(
             f"the train loader state stands at epoch {position[0]} after {position[1]} batches, but Lightning's "
@@ -137,6 +141,29 @@ def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
             "edited or damaged checkpoint)"
         )
     return position, problems
+
+
+def _consumed_mismatch(state, position: tuple[int, int, int]) -> str | None:
+    """Whether the samples consumed follow from the batches, for a state that records where its segment of
+    the epoch began (``segment``: [samples consumed before it, the batch count it began at]): a count edited
+    on its own would make the resume skip samples nobody trained on, or read some twice."""
+    segment = state.get("segment")
+    values = (
+        (*segment, state.get("batch_size"), state.get("world_size"), state.get("samples"))
+        if (isinstance(segment, (list, tuple)) and len(segment) == 2)
+        else ()
+    )
+    if len(values) != 5 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None  # a state written without it: the other checks are all there is
+    start, base, batch_size, world_size, samples = values
+    done = max(0, position[1] - base)
+    expected = min(samples, start + done * batch_size * world_size)
+    if position[2] == expected:
+        return None
+    return (
+        f"the train loader state has consumed {position[2]} samples, but {done} batches of {batch_size} on "
+        f"{world_size} rank(s) after sample {start} make {expected} (an edited or damaged checkpoint)"
+    )
 
 
 def _epoch_batches(samples, world_size, batch_size, drop_last) -> int | None:

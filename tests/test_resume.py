@@ -726,3 +726,15 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     assert len({sum(r[0] == 0 for r in rank) for rank in rest.values()}) == 1  # equal shares per rank
     for rank in range(after_ranks):  # the next epoch: the very batches of a run started on this world
         assert [r for r in rest[rank] if r[0] == 1] == [r for r in ref[rank] if r[0] == 1]
+
+
+@pytest.mark.parametrize("consumed", [39, 4, 13])
+def test_a_consumed_count_that_does_not_follow_from_the_batches_is_refused(tmp_path, consumed):
+    """The samples consumed are what a resume skips: one edited to 39 after 3 batches of 4 would skip 27
+    samples nobody trained on, without a word."""
+    tree = forty_classes(tmp_path)
+    path = str(tmp_path / "step3.ckpt")
+    fit_labels(labelled_dm(tree), Labels(save=(3, path)), max_steps=3)
+    edit_checkpoint(path, lambda c: loops_state(c)["combined_loader"][0].update(consumed=consumed))
+    with pytest.raises(ResumeError, match=rf"consumed {consumed} samples, but 3 batches of 4 on 1 rank\(s\)"):
+        fit_labels(labelled_dm(tree), Labels(), path, max_epochs=1)
