@@ -1,0 +1,182 @@
+"""Shards: written by convert.py out.format=shards (LitData's writer), read by source=shards."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from feedline.convert import run_convert
+from feedline.datasets.chunks import Chunks, dataset_dirs
+from feedline.datasets.folder import FolderSource
+from feedline.writers.options import WriteOptions
+from feedline.writers.shards import rows_to_write
+from tests.conftest import ROOT_DIR
+from tests.helpers import make_tree, simple_tree
+
+
+def _convert(make_cfg, tree, out, *overrides):
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={tree}",
+        "out.format=shards",
+        f"out.path={out}",
+        "out.chunk_bytes=2KB",
+        "out.workers=2",
+        *overrides,
+        config="convert",
+    )
+    return run_convert(cfg)
+
+
+# -- writing --------------------------------------------------------------------------------------------
+def test_a_tree_converts_to_shards_that_litdata_and_feedline_read_alike(make_cfg, tmp_path):
+    from litdata import StreamingDataset
+
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    summary = _convert(make_cfg, tree, tmp_path / "shards")
+    assert summary["images"] == 30 and summary["skipped"] == 0
+    chunks = Chunks.of(dataset_dirs(str(tmp_path / "shards")))
+    assert len(chunks.files) > 2  # several chunks, from both workers
+    records = FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c").split("all")
+    rows = rows_to_write(30, WriteOptions(path="x", format="shards"))
+    theirs = StreamingDataset(str(tmp_path / "shards"), shuffle=False)
+    labels = np.load(tmp_path / "shards" / "labels.npy")
+    for i in range(30):
+        image, label = chunks.read(i)
+        payload, expected = records[int(rows[i])]
+        assert bytes(image) == bytes(payload) and label == expected == labels[i]
+        assert theirs[i] == (bytes(image), label)
+    assert not glob.glob(str(tmp_path / ".shards.tmp-*"))  # the work directory is gone
+
+
+def test_unreadable_inputs_are_skipped_and_listed_in_the_shards(make_cfg, tmp_path):
+    tree = make_tree(tmp_path / "tree", {c: [f"{i}.png" for i in range(4)] + ["x.jpg"] for c in "ab"})
+    for c in "ab":
+        (tmp_path / "tree" / c / "x.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    summary = _convert(make_cfg, tree, tmp_path / "shards")
+    assert summary["images"] == 8 and summary["skipped"] == 2
+    report = (tmp_path / "shards" / "skipped.tsv").read_text()
+    assert os.path.join(tree, "a", "x.jpg") in report and os.path.join(tree, "b", "x.jpg") in report
+    assert len(np.load(tmp_path / "shards" / "labels.npy")) == 8
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("out.mode=raw", "out.mode=raw is not offered with out.format=shards"),
+        ("out.chunk_bytes=5TB", "out.chunk_bytes='5TB' must be a size from 1KB to 2GiB"),
+        ("out.part=1", "set both"),
+    ],
+)
+def test_shards_options_out_of_range_are_refused_by_key(make_cfg, tmp_path, override, said):
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    with pytest.raises(ValueError, match=said):
+        _convert(make_cfg, tree, tmp_path / "shards", override)
+    assert not (tmp_path / "shards").exists()
+
+
+def test_a_directory_of_other_files_is_never_overwritten(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "thesis.tex").write_text("mine")
+    with pytest.raises(ValueError, match="holds other files, not a shards dataset"):
+        _convert(make_cfg, tree, tmp_path / "shards")
+    assert (tmp_path / "shards" / "thesis.tex").read_text() == "mine"
+
+
+def test_converting_again_replaces_the_dataset_whole(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=6)
+    _convert(make_cfg, tree, tmp_path / "shards")
+    _convert(make_cfg, tree, tmp_path / "shards", "out.chunk_bytes=100KB")
+    assert len(Chunks.of([str(tmp_path / "shards")]).files) <= 2  # one per worker: nothing of the first run
+
+
+SLOW_CONVERSION = """
+import os, sys, time
+from feedline.datasets.folder import FolderSource
+from feedline.writers.shards import convert
+from feedline.writers.options import WriteOptions
+
+class Slow:
+    def __init__(self, records): self.records = records
+    def __len__(self): return len(self.records)
+    def __getitem__(self, i):
+        time.sleep(float(os.environ.get("SLOW", "0")))
+        return self.records[i]
+    def describe(self, i): return self.records.describe(i)
+
+tree, out, part, parts = sys.argv[1:5]
+records = FolderSource(tree, val_fraction=0, cache_dir=out + ".cache").split("all")
+options = WriteOptions(path=out, format="shards", workers=2, chunk_bytes="2KB")
+if parts != "-":
+    options.part, options.parts = int(part), int(parts)
+print(os.getpid(), flush=True)
+print(convert(Slow(records), ["cat", "dog", "eel"], options)["images"], flush=True)
+"""
+
+
+def _conversion(tree, out, part="-", parts="-", slow="0"):
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_CONVERSION, str(tree), str(out), str(part), str(parts)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT_DIR,
+        env={**os.environ, "SLOW": slow},
+    )
+
+
+@pytest.mark.slow
+def test_a_killed_conversion_leaves_nothing_complete_and_a_rerun_starts_clean(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    tree = simple_tree(tmp_path / "tree", per_class=20)
+    out = tmp_path / "shards"
+    main = _conversion(tree, out, slow="0.2")
+    parent = psutil.Process(int(main.stdout.readline()))
+    deadline = time.time() + 60
+    while len(parent.children(recursive=True)) < 3 and time.time() < deadline:  # the writer and its workers
+        time.sleep(0.1)
+    time.sleep(1.0)  # chunks being written
+    family = parent.children(recursive=True)
+    assert len(family) >= 3
+    os.kill(parent.pid, signal.SIGKILL)
+    main.wait()
+    _, alive = psutil.wait_procs(family, timeout=15)
+    for proc in alive:
+        proc.kill()
+    assert not alive, f"{len(alive)} writer process(es) outlived the conversion"
+    assert not out.exists()  # nothing reads as a dataset
+    assert glob.glob(str(tmp_path / ".shards.tmp-*"))  # only the work directory, which the rerun removes
+    rerun = _conversion(tree, out)
+    assert rerun.communicate(timeout=120)[0].split()[-1] == "60" and rerun.returncode == 0
+    assert not glob.glob(str(tmp_path / ".shards.tmp-*"))
+    assert Chunks.of(dataset_dirs(str(out))).total == 60
+
+
+@pytest.mark.slow
+def test_two_parts_written_by_two_processes_read_as_one_dataset_in_part_order(tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=7)
+    out = tmp_path / "shards"
+    first = _conversion(tree, out, 0, 2)
+    with pytest.raises(
+        FileNotFoundError, match=r"in 2 parts, and 1 are missing or unfinished: part-00001-of-00002"
+    ):
+        first.communicate(timeout=120)
+        dataset_dirs(str(out))
+    jobs = [_conversion(tree, out, 1, 2)]
+    for job in jobs:
+        assert job.communicate(timeout=120)[0].split()[-1] in ("10", "11") and job.returncode == 0
+    dirs = dataset_dirs(str(out))
+    assert [os.path.basename(d) for d in dirs] == ["part-00000-of-00002", "part-00001-of-00002"]
+    chunks = Chunks.of(dirs)
+    records = FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c").split("all")
+    rows = rows_to_write(21, WriteOptions(path="x", format="shards"))  # the parts are slices of one order
+    assert chunks.total == 21
+    assert all(bytes(chunks.read(i)[0]) == bytes(records[int(rows[i])][0]) for i in range(21))
