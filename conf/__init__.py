@@ -12,7 +12,7 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     from feedline.datamodules.options import DataConfig
-    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions
+    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions, ShardsOptions
     from feedline.diagnostics.options import BenchOptions
     from feedline.writers.options import ConvertedHDF5Options, LaidOutLazyFolderOptions, WriteOptions
 
@@ -24,6 +24,7 @@ def register() -> None:
         "folder": FolderOptions,
         "lazy_folder": LazyFolderOptions,
         "hdf5": HDF5Options,
+        "shards": ShardsOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

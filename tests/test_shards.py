@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +182,99 @@ def test_two_parts_written_by_two_processes_read_as_one_dataset_in_part_order(tm
     rows = rows_to_write(21, WriteOptions(path="x", format="shards"))  # the parts are slices of one order
     assert chunks.total == 21
     assert all(bytes(chunks.read(i)[0]) == bytes(records[int(rows[i])][0]) for i in range(21))
+
+
+# -- reading: source=shards -------------------------------------------------------------------------------
+@pytest.fixture
+def shards(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    _convert(make_cfg, tree, tmp_path / "shards")
+    return str(tmp_path / "shards")
+
+
+def test_source_shards_reads_every_sample_with_its_label_and_pickles_small(shards, tmp_path):
+    import pickle
+
+    from feedline.datasets.shards import ShardsSource
+
+    source = ShardsSource(shards, val_fraction=0.2, cache_dir=tmp_path / "c")
+    source.prepare()
+    train, val = source.split("train"), source.split("val")
+    assert source.classes == ["cat", "dog", "eel"] and (len(train), len(val)) == (24, 6)
+    assert np.bincount([val[i][1] for i in range(6)]).tolist() == [2, 2, 2]  # stratified
+    again = pickle.loads(pickle.dumps(train))
+    assert (
+        len(pickle.dumps(train)) < 2000 and again.chunks._maps is None
+    )  # paths and numbers; maps opened lazily
+    rows = [train.row(i) for i in range(24)] + [val.row(i) for i in range(6)]
+    assert sorted(rows) == list(range(30))
+    assert bytes(again[3][0]) == bytes(train[3][0]) and again[3][1] == train[3][1]
+
+
+def test_a_held_out_shards_directory_is_the_val_split(make_cfg, shards, tmp_path):
+    from feedline.datasets.shards import ShardsSource
+
+    _convert(make_cfg, simple_tree(tmp_path / "v", per_class=2), tmp_path / "val")
+    source = ShardsSource(shards, val_path=tmp_path / "val", val_fraction=0.3, cache_dir=tmp_path / "c")
+    source.prepare()
+    assert (len(source.split("train")), len(source.split("val"))) == (30, 6)
+    _convert(make_cfg, simple_tree(tmp_path / "o", classes=("ant", "bee"), per_class=2), tmp_path / "other")
+    with pytest.raises(ValueError, match="source.val_path .* has classes"):
+        ShardsSource(shards, val_path=tmp_path / "other", cache_dir=tmp_path / "c").prepare()
+
+
+def test_a_missing_or_truncated_chunk_is_named_with_its_path(shards, tmp_path):
+    from feedline.datasets.chunks import ChunkError
+    from feedline.datasets.shards import ShardsSource
+
+    records = ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").split("train")
+    first, last = records.chunks.files[0], records.chunks.files[-1]
+    with open(last, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ChunkError, match=rf"chunk {re.escape(last)} holds 100 bytes, index.json says"):
+        records[records.total - 1]
+    os.remove(first)
+    with pytest.raises(ChunkError, match=rf"chunk {re.escape(first)} is missing"):
+        ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").prepare()
+
+
+def test_compressed_encrypted_or_arrow_footer_chunks_are_refused(shards, tmp_path):
+    import json
+
+    from feedline.datasets.chunks import ARROW_TAIL, ChunkError
+    from feedline.datasets.shards import ShardsSource
+
+    index_path = os.path.join(shards, "index.json")
+    index = json.loads(Path(index_path).read_text())
+    for key, value in (("compression", "zstd"), ("encryption", "FernetEncryption")):
+        changed = {**index, "config": {**index["config"], key: value}}
+        Path(index_path).write_text(json.dumps(changed))
+        with pytest.raises(ChunkError, match=f"{key}="):
+            ShardsSource(shards, cache_dir=tmp_path / "c")
+    chunk = os.path.join(shards, index["chunks"][0]["filename"])
+    with open(chunk, "ab") as f:
+        f.write(ARROW_TAIL)
+    index["chunks"][0]["chunk_bytes"] += len(ARROW_TAIL)
+    Path(index_path).write_text(json.dumps(index))
+    with pytest.raises(ChunkError, match="Arrow footer"):
+        ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").split("train")[0]
+
+
+def test_a_bad_image_in_a_chunk_follows_on_bad_sample(shards, tmp_path):
+    import struct
+
+    from feedline.datamodules.bad_samples import BadSampleError
+    from feedline.datamodules.samples import SampleDataset
+    from feedline.datasets.shards import ShardsSource
+
+    records = ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").split("train")
+    path = records.chunks.files[0]
+    with open(path, "r+b") as f:
+        f.seek(8)
+        start = struct.unpack("<I", f.read(4))[0]  # sample 1 of the chunk
+        f.seek(start + 8)
+        f.write(b"\0" * 16)  # its PNG signature and header
+    with pytest.raises(BadSampleError, match=rf"bad sample {re.escape(path)}\[1\]"):
+        SampleDataset(records, on_bad_sample="raise")[1]
+    image, label = SampleDataset(records, on_bad_sample="skip", max_bad_fraction=0.5)[1]
+    assert image.shape[0] == 3  # the next readable sample instead
