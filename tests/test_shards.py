@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from feedline.convert import run_convert
 from feedline.datasets.chunks import Chunks, dataset_dirs
@@ -278,3 +279,97 @@ def test_a_bad_image_in_a_chunk_follows_on_bad_sample(shards, tmp_path):
         SampleDataset(records, on_bad_sample="raise")[1]
     image, label = SampleDataset(records, on_bad_sample="skip", max_bad_fraction=0.5)[1]
     assert image.shape[0] == 3  # the next readable sample instead
+
+
+# -- the chunk-aware order ------------------------------------------------------------------------------
+def _records(sizes, window, subset=None):
+    from feedline.datasets.records import InMemoryArray
+    from feedline.datasets.shards import ShardsRecords
+
+    chunks = Chunks([f"chunk-{c}.bin" for c in range(len(sizes))], sizes, [0] * len(sizes))
+    return ShardsRecords(chunks, window, InMemoryArray(subset) if subset is not None else None)
+
+
+@pytest.mark.parametrize("world, batch", [(1, 6), (2, 3), (3, 2)])
+def test_the_chunk_order_reads_each_sample_once_and_a_batch_touches_a_bounded_number_of_chunks(world, batch):
+    from feedline.datamodules.resume import EpochSampler
+
+    sizes, window = (
+        [7, 9, 8, 7, 10, 7, 8, 9, 7, 8],
+        1,
+    )  # each chunk keeps >= 6 samples of the split >= batch * world
+    rows = np.flatnonzero(np.arange(80) % 8 != 3)[:70]  # a split: a subset of the rows
+    records = _records(sizes, window, rows)
+    chunk_of = records.chunks.chunk_of(rows)
+    orders = [records.epoch_order(3, epoch) for epoch in (0, 1)]
+    assert not np.array_equal(*orders) and np.array_equal(orders[0], records.epoch_order(3, 0))
+    for epoch in (0, 1):
+        read = []
+        for rank in range(world):
+            sampler = EpochSampler(70, world, rank, True, 3, False, epoch_order=records.epoch_order)
+            sampler.set_epoch(epoch)
+            mine = [i for i, _ in sampler]
+            read += mine
+            for k in range(0, len(mine), batch):
+                assert len(set(chunk_of[mine[k : k + batch]])) <= 2 * window
+        assert sorted(set(read)) == list(range(70))  # every sample (padding repeats a few, as ever)
+
+
+def test_a_global_shuffle_would_touch_every_chunk_in_a_batch():
+    records = _records([4] * 16, 1)
+    batch = 16
+    windowed = records.epoch_order(0, 0)[:batch]
+    shuffled = np.random.default_rng(0).permutation(64)[:batch]
+    chunk_of = records.chunks.chunk_of(np.arange(64))
+    assert len(set(chunk_of[windowed])) <= 5 < len(set(chunk_of[shuffled]))
+
+
+@pytest.mark.parametrize(("world", "batch", "new_world", "new_batch"), [(2, 3, 1, 5), (1, 4, 2, 3)])
+def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_once(
+    make_cfg, tmp_path, world, batch, new_world, new_batch
+):
+    from feedline.datasets.shards import ShardsSource
+    from feedline.transforms.collate import Uint8Collate
+    from tests.test_resume import WorldLoaders, digests, per_sample, small_dm
+
+    classes = [f"c{k:02d}" for k in range(24)]  # one image each: a label names its sample
+    tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
+    _convert(make_cfg, tree, tmp_path / "shards", "out.chunk_bytes=1KB")
+
+    def loaders(w, b):
+        source = ShardsSource(tmp_path / "shards", val_fraction=0, window=2, cache_dir=tmp_path / "c")
+        assert len(source.split("train").chunks.files) >= 6
+        return [
+            WorldLoaders(
+                source,
+                small_dm(tree).transforms,
+                Uint8Collate(),
+                batch_size=b,
+                num_workers=0,
+                seed=5,
+                world=w,
+                rank=r,
+            ).train_dataloader()
+            for r in range(w)
+        ]
+
+    whole_loader = loaders(1, 4)[0]
+    assert whole_loader.sampler.epoch_order is not None  # the shards' own order
+    whole = per_sample(digests(whole_loader))
+    first = loaders(world, batch)
+    before = [b for loader in first for b in digests(loader, 2)]
+    state = first[0].state_dict()
+    second = loaders(new_world, new_batch)
+    for loader in second:
+        loader.load_state_dict(state)
+    ranks = [digests(loader) for loader in second]
+    assert len({len(batches) for batches in ranks}) == 1
+    assert per_sample(before + [b for batches in ranks for b in batches]) == whole
+    again = loaders(1, 4)[0]
+    digests(again, 2)
+    resumed = loaders(1, 4)[0]
+    resumed.load_state_dict(again.state_dict())
+    rest = digests(resumed)
+    full = digests(loaders(1, 4)[0])
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(full[2:], rest))
+    assert len(rest) == len(full) - 2

@@ -89,7 +89,7 @@ class WriteOptions:
             count = int(float(number) * UNITS[unit]) if not isinstance(value, bool) else -1
         except (ValueError, KeyError):
             count = -1
-        if not 1 << 10 <= count <= MAX_CHUNK_BYTES:
+        if not 1000 <= count <= MAX_CHUNK_BYTES:
             raise ValueError(
                 f"out.chunk_bytes={value!r} must be a size from 1KB to 2GiB: an integer, or a number with "
                 f"B, KB, MB, GB, KiB, MiB or GiB (out.chunk_bytes=256MB)"
