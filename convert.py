@@ -3,6 +3,7 @@
 python convert.py source=folder source.root=/data/train out.path=/data/train.h5
 python convert.py source=folder source.root=/data/train out.path=/data/train-256.h5 out.max_side=256
 python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.max_side=256
+python convert.py source=folder source.root=/data/train out.format=shards out.path=/data/train-shards
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ log = logging.getLogger("feedline")
 
 def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
-    from feedline.writers.hdf5 import check_output, convert_source
+    from feedline.writers.hdf5 import check_output
 
     require(cfg, "source", "out")
-    options = OmegaConf.to_object(cfg.out)  # an HDF5WriteOptions: the schema conf/convert.yaml extends
+    options = OmegaConf.to_object(cfg.out)  # a WriteOptions: the schema conf/convert.yaml extends
     check_output(options)
+    if options.format == "shards":
+        from feedline.writers.shards import check_target, convert_source
+
+        check_target(options)
+    else:
+        from feedline.writers.hdf5 import convert_source
     source = instantiate(cfg.source, "source")
     summary = convert_source(source, options)
     log.info(

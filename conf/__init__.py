@@ -12,18 +12,19 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     from feedline.datamodules.options import DataConfig
-    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions
+    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions, ShardsOptions
     from feedline.diagnostics.options import BenchOptions
-    from feedline.writers.options import ConvertedHDF5Options, HDF5WriteOptions, LaidOutLazyFolderOptions
+    from feedline.writers.options import ConvertedHDF5Options, LaidOutLazyFolderOptions, WriteOptions
 
     store = ConfigStore.instance()
     store.store(group="feedline_schema", name="data", node=DataConfig)
-    store.store(group="feedline_schema", name="hdf5_out", node=HDF5WriteOptions)
+    store.store(group="feedline_schema", name="out", node=WriteOptions)
     store.store(group="feedline_schema", name="bench", node=BenchOptions)
     sources = {
         "folder": FolderOptions,
         "lazy_folder": LazyFolderOptions,
         "hdf5": HDF5Options,
+        "shards": ShardsOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

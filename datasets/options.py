@@ -60,3 +60,18 @@ class HDF5Options:
     dtype: Optional[str] = None  # noqa: UP045 - uint8 (0..255) | float32 (0..1); null: from the file
     classes: Optional[List[str]] = None  # noqa: UP006, UP045 - names; null: from the file, else 0..max(label)
     cache_dir: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
+class ShardsOptions:
+    _target_: str = "feedline.datasets.shards.ShardsSource"
+    path: str = REQUIRED  # a shards directory (convert.py ... out.format=shards out.path=...)
+    val_path: Optional[str] = None  # noqa: UP045 - a separate shards directory for validation
+    val_fraction: float = 0.1  # else: a seeded, per-class share held out for val
+    test_path: Optional[str] = None  # noqa: UP045 - a separate shards directory for trainer.test
+    test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
+    seed: int = 0
+    window: int = (
+        8  # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py)
+    )
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays are kept

@@ -67,6 +67,17 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             f["images"] = np.zeros((4, 3, 8, 8), np.float32)
             f["labels"] = np.array([0, 1, 2, 0])
         return ["source=hdf5", f"source.path={path}"]
+    if option == "shards":
+        from feedline.datasets.folder import FolderSource
+        from feedline.writers.options import WriteOptions
+        from feedline.writers.shards import convert_source
+
+        path = tmp_path / "tiny-shards"
+        convert_source(
+            FolderSource(tree, cache_dir=tmp_path / "c"),
+            WriteOptions(path=str(path), format="shards", workers=1),
+        )
+        return ["source=shards", f"source.path={path}"]
     return [f"source={option}", f"source.root={tree}"]
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import feedline.writers.hdf5 as hdf5_write
+import feedline.writers.prepare as prepare
 from feedline.convert import run_convert
 from feedline.datamodules.samples import SampleDataset
 from feedline.datasets.folder import FolderSource
@@ -119,7 +120,7 @@ def test_raw_keeps_whole_images_at_their_aspect_ratio(make_cfg, tmp_path):
     assert [records[i][0].shape for i in range(4)] == [(3, 20, 30), (3, 30, 15), (3, 10, 12), (3, 30, 30)]
     for i, name in enumerate(sizes):
         image = decode(Path(root, name).read_bytes())
-        assert torch.equal(torch.as_tensor(records[i][0]), hdf5_write._shrink(image, 30)), name
+        assert torch.equal(torch.as_tensor(records[i][0]), prepare.shrink(image, 30)), name
     batch = records.getitems([3, 0, 3])
     assert [p.shape for p, _ in batch] == [(3, 30, 30), (3, 20, 30), (3, 30, 30)]
     assert [lab for _, lab in batch] == [1, 0, 1] and np.array_equal(batch[1][0], records[0][0])
@@ -256,7 +257,7 @@ def test_interrupted_conversion_leaves_no_complete_looking_file(make_cfg, tree, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(hdf5_write, "ProcessPoolExecutor", _InlinePool)
-    monkeypatch.setattr(hdf5_write, "_prepare_chunk", boom)
+    monkeypatch.setattr(hdf5_write, "prepare_chunk", boom)
     with pytest.raises(KeyboardInterrupt):
         _convert(make_cfg, tree, tmp_path / "out.h5")
     assert not os.path.exists(tmp_path / "out.h5") and not os.path.exists(tmp_path / "out.h5.partial")

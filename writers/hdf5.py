@@ -10,97 +10,23 @@ first one's files. Unreadable inputs are skipped and listed in ``<out>.skipped.t
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import h5py
 import numpy as np
-import torch
-from torchvision.io import encode_jpeg, encode_png
-from torchvision.transforms.v2 import functional as F
 from tqdm.auto import tqdm
 
 from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
-from feedline.transforms.decode import DecodeError, decode
 from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
+from feedline.writers.prepare import init_worker, prepare_chunk
 
 log = logging.getLogger(__name__)
-
-PR_SET_PDEATHSIG = 1  # prctl(2)
-
-# -- worker side ----------------------------------------------------------------------------------------
-_records = None
-_options: HDF5WriteOptions | None = None
-
-
-def _init(records, options: HDF5WriteOptions, parent: int) -> None:
-    global _records, _options
-    _die_with(parent)
-    _records, _options = records, options
-    torch.set_num_threads(1)
-
-
-def _die_with(parent: int) -> None:
-    """Make this worker exit when ``parent`` dies, ``kill -9`` included: Linux's parent-death signal, and a
-    check for a parent that died before it was set. Elsewhere the pool's own shutdown is all there is."""
-    if os.getpid() == parent:  # run inline, in the converting process itself: nothing to tie
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _shrink(image: torch.Tensor, max_side: int) -> torch.Tensor:
-    h, w = image.shape[-2:]
-    scale = max_side / max(h, w)
-    if scale >= 1:
-        return image
-    return F.resize(image, [max(1, round(h * scale)), max(1, round(w * scale))], antialias=True)
-
-
-def _prepare(i: int):
-    """(payload, label, None) or (None, None, 'path<TAB>error') for sample ``i``."""
-    try:
-        payload, label = _records[i]
-        image = decode(payload)
-    except (OSError, DecodeError) as err:
-        return None, None, f"{_records.describe(i)}\t{err}"
-    if _options.mode == "raw":
-        if _options.size:  # the explicit centre-crop mode: fixed-size squares
-            side = int(_options.size)
-            image = F.center_crop(F.resize(image, side, antialias=True), [side, side])
-        elif _options.max_side:
-            image = _shrink(image, int(_options.max_side))
-        return image.permute(1, 2, 0).contiguous().numpy(), label, None
-    data = _encoded_bytes(payload)
-    if _options.max_side and max(image.shape[-2:]) > int(_options.max_side):
-        data = encode_jpeg(_shrink(image, int(_options.max_side)), quality=int(_options.quality)).numpy()
-    elif data is None:  # raw pixels (a raw HDF5 file, an array source): an encoded row must be a file
-        data = encode_png(image.contiguous()).numpy()  # lossless: the same pixels decode back
-    return data, label, None
-
-
-def _encoded_bytes(payload) -> np.ndarray | None:
-    """The payload as a 1-D uint8 array when it is an encoded file's bytes; None when it is pixels."""
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return np.frombuffer(payload, dtype=np.uint8)
-    array = np.asarray(payload)
-    return array if array.ndim == 1 and array.dtype == np.uint8 else None
-
-
-def _prepare_chunk(indices: range) -> list:
-    return [_prepare(i) for i in indices]
 
 
 # -- writer side ----------------------------------------------------------------------------------------
@@ -179,11 +105,11 @@ def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str
             tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
             with (
                 ProcessPoolExecutor(
-                    workers, initializer=_init, initargs=(records, options, os.getpid())
+                    workers, initializer=init_worker, initargs=(records, options, os.getpid())
                 ) as pool,
                 tqdm(total=n, desc=f"converting to {os.path.basename(out_path)}", unit="img") as bar,
             ):
-                for results in pool.map(_prepare_chunk, tasks):
+                for results in pool.map(prepare_chunk, tasks):
                     rows = [(p, lab) for p, lab, err in results if err is None]
                     skipped.extend(err for _, _, err in results if err is not None)
                     if rows:

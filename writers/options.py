@@ -17,27 +17,99 @@ MODES = ("encoded", "raw")
 MAX_SIDE = 65535  # JPEG's limit, and far beyond any image worth training on
 MAX_SQUARE = 13377  # the largest square within the decoders' pixel limit (transforms/decode.py MAX_PIXELS)
 MAX_CHUNK = 65536
+FORMATS = ("hdf5", "shards")
+CHUNK_BYTES = 64 << 20  # shards: the default chunk size
+MAX_CHUNK_BYTES = 2 << 30  # a chunk's offsets are uint32, and a chunk closes one sample past its target
+MAX_PARTS = 99999  # part-0000K-of-0000N
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 @dataclass
-class HDF5WriteOptions:
-    path: str = "???"  # the HDF5 file to write (as <path>.partial, renamed when complete); required
+class WriteOptions:
+    path: str = "???"  # hdf5: the file to write (as <path>.partial); shards: the directory; required
+    format: str = "hdf5"  # hdf5: one file | shards: a directory of chunks (LitData's format)
     mode: str = "encoded"  # encoded: files (JPEG when resized, PNG from raw pixels) | raw: HWC pixels
     max_side: Optional[int] = None  # noqa: UP045 - shrink so the longer side is at most this (aspect kept)
     size: Optional[int] = None  # noqa: UP045 - raw only: resize the shorter side, centre-crop a square
     quality: int = 90  # JPEG quality for re-encoded images
     workers: Any = "auto"  # decode/resize processes (auto: one per CPU)
     chunk: int = 256  # rows per task and per write
+    chunk_bytes: Any = None  # shards: bytes per chunk, 64MB when null (an integer, or "256MB", "1GiB")
+    shuffle: Optional[bool] = None  # noqa: UP045 - shards: write in a seeded random order (null: true)
+    seed: int = 0  # shards: the seed of that order
+    part: Optional[int] = None  # noqa: UP045 - shards: write part K of out.parts (out.path/part-0000K-of-0000N)
+    parts: Optional[int] = None  # noqa: UP045 - shards: the number of parts the conversion is split into
 
     def check(self) -> None:
         """Every ``out.*`` value in range, or an error naming its key, before any work starts."""
+        if self.format not in FORMATS:
+            raise ValueError(f"out.format={self.format!r} is not one of: {', '.join(FORMATS)}")
         path = str(self.path or "")
         if path in ("", "???"):
-            raise ValueError("out.path must be set: the HDF5 file to write (out.path=/data/train.h5)")
+            raise ValueError(
+                "out.path must be set: the HDF5 file to write (out.path=/data/train.h5), or with "
+                "out.format=shards the directory (out.path=/data/train-shards)"
+            )
+        if self.format == "shards":
+            self._check_shards(path)
+        else:
+            self._check_hdf5(path)
+        self._check_common()
+
+    def _check_shards(self, path: str) -> None:
+        if os.path.isfile(os.path.expanduser(path)):
+            raise ValueError(
+                f"out.path={path} is a file: with out.format=shards it names a directory to write"
+            )
+        if self.mode != "encoded":
+            raise ValueError(
+                f"out.mode={self.mode} is not offered with out.format=shards: shards hold image files (JPEG when "
+                f"out.max_side resizes them); use out.mode=encoded, or out.format=hdf5 for raw pixels"
+            )
+        self.chunk_byte_count()
+        if (self.part is None) != (self.parts is None):
+            raise ValueError(
+                f"out.part={self.part} and out.parts={self.parts}: set both (part K of N, K from 0) or neither"
+            )
+        if self.parts is not None:
+            parts = _whole(self.parts, "out.parts")
+            if not 1 <= parts <= MAX_PARTS:
+                raise ValueError(f"out.parts={self.parts} must be in 1..{MAX_PARTS}")
+            if not 0 <= _whole(self.part, "out.part") < parts:
+                raise ValueError(f"out.part={self.part} must be in 0..{parts - 1} (out.parts={parts})")
+        _whole(self.seed, "out.seed")
+
+    def chunk_byte_count(self) -> int:
+        """``out.chunk_bytes`` as a number of bytes."""
+        value = CHUNK_BYTES if self.chunk_bytes is None else self.chunk_bytes
+        text = str(value).strip().lower().replace(" ", "")
+        number = text.rstrip("kmgib")
+        unit = text[len(number) :]
+        try:
+            count = int(float(number) * UNITS[unit]) if not isinstance(value, bool) else -1
+        except (ValueError, KeyError):
+            count = -1
+        if not 1000 <= count <= MAX_CHUNK_BYTES:
+            raise ValueError(
+                f"out.chunk_bytes={value!r} must be a size from 1KB to 2GiB: an integer, or a number with "
+                f"B, KB, MB, GB, KiB, MiB or GiB (out.chunk_bytes=256MB)"
+            )
+        return count
+
+    def _check_hdf5(self, path: str) -> None:
+        for key in ("chunk_bytes", "shuffle", "part", "parts"):
+            if getattr(self, key) is not None:
+                raise ValueError(
+                    f"out.{key}={getattr(self, key)} is an option of out.format=shards; an HDF5 file keeps the "
+                    f"source's order in one file (unset out.{key}, or set out.format=shards)"
+                )
         if path.endswith(("/", os.sep)) or os.path.isdir(os.path.expanduser(path)):
             raise ValueError(
-                f"out.path={path} is a directory: name the HDF5 file to write (out.path={path.rstrip('/')}/train.h5)"
+                f"out.path={path} is a directory: name the HDF5 file to write (out.path={path.rstrip('/')}/train.h5), "
+                f"or set out.format=shards to write shards into it"
             )
+
+    def _check_common(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"out.mode={self.mode!r} is not one of: {', '.join(MODES)}")
         if self.size is not None and not 1 <= _whole(self.size, "out.size") <= MAX_SQUARE:
@@ -67,6 +139,9 @@ class HDF5WriteOptions:
                 f"out.chunk={self.chunk} must be in 1..{MAX_CHUNK}: each task holds that many decoded images in "
                 f"memory"
             )
+
+
+HDF5WriteOptions = WriteOptions  # the name callers used before shards
 
 
 def _whole(value, key: str, alternative: str = "") -> int:

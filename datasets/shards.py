@@ -1,0 +1,155 @@
+"""The ``shards`` source: a shards dataset (``datasets/chunks.py``), as ``convert.py out.format=shards`` writes it.
+
+The classes and every sample's label come from feedline's sidecar (no chunk is read to split); the splits
+are separate datasets (``val_path``, ``test_path``) or a seeded, stratified share (``splits.py``); samples are
+read through ``Chunks`` (O(1), memory-mapped in the process that reads). The train order is chunk-aware
+(``chunk_order.py``): ``records.epoch_order(seed, epoch)``, partitioned over ranks and resumed by the sampler
+like any other order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from feedline.datasets.cache import cache_path
+from feedline.datasets.chunk_order import check_window, chunk_order
+from feedline.datasets.chunks import LABELS, Chunks, dataset_dirs, read_sidecar
+from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
+from feedline.datasets.records import Records, Source, check_class_names, require_dir
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+
+log = logging.getLogger(__name__)
+
+
+class ShardsRecords(Records):
+    """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk)."""
+
+    def __init__(self, chunks: Chunks, window: int, subset=None):
+        super().__init__(subset)
+        self.chunks, self.window = chunks, int(window)
+
+    @property
+    def total(self) -> int:
+        return self.chunks.total
+
+    def read(self, row: int):
+        return self.chunks.read(row)
+
+    def where(self, row: int) -> str:
+        return self.chunks.where(row)
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled
+        within windows of ``window`` chunks (``chunk_order.py``)."""
+        rows = self.subset.array if self.subset is not None else None
+        starts = self.chunks.starts
+        bounds = starts if rows is None else np.searchsorted(rows, starts)  # a split's rows are sorted
+        return chunk_order(bounds, self.window, seed, epoch)
+
+
+class ShardsSource(Source):
+    """Samples from a shards directory; val from ``val_path`` or a seeded, stratified ``val_fraction``; test
+    likewise from ``test_path`` or ``test_fraction``."""
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = _O.val_path,
+        val_fraction: float = _O.val_fraction,
+        test_path: str | None = _O.test_path,
+        test_fraction: float = _O.test_fraction,
+        seed: int = _O.seed,
+        window: int = _O.window,
+        cache_dir: str | None = _O.cache_dir,
+    ):
+        self.path = require_dir(path, "source.path")
+        self.val_path = require_dir(val_path, "source.val_path") if val_path else None
+        self.test_path = require_dir(test_path, "source.test_path") if test_path else None
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
+        if self.val_path:
+            self.val_fraction = 0.0
+        if self.test_path:
+            self.test_fraction = 0.0
+        self.seed = check_seed(seed)
+        self.window = check_window(window)
+        self.cache_dir = cache_dir
+        self._datasets: dict[str, dict] = {}
+        self._dataset(self.path, "source.path")  # a bad path, a missing part: fails before any work starts
+
+    def _dataset(self, path: str, key: str) -> dict:
+        if path not in self._datasets:
+            dirs = dataset_dirs(path, key)
+            sidecars = [read_sidecar(d) for d in dirs]
+            classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
+            for d, sidecar in zip(dirs, sidecars):
+                if list(sidecar["classes"]) != classes:
+                    raise ValueError(
+                        f"{key} '{path}': {d} has other classes than {dirs[0]}: convert its parts again"
+                    )
+            chunks = Chunks.of(dirs)
+            labels = np.concatenate([np.load(os.path.join(d, LABELS), mmap_mode="r") for d in dirs])
+            if len(labels) != chunks.total or (
+                len(labels) and not 0 <= labels.min() <= labels.max() < len(classes)
+            ):
+                raise ValueError(
+                    f"{key} '{path}': {LABELS} holds {len(labels)} labels for {chunks.total} samples in "
+                    f"{len(classes)} classes: convert it again"
+                )
+            identity = [
+                [os.stat(os.path.join(d, "index.json")).st_mtime_ns, read_sidecar(d)["samples"]] for d in dirs
+            ]
+            self._datasets[path] = {
+                "classes": classes,
+                "chunks": chunks,
+                "labels": labels,
+                "identity": identity,
+            }
+        return self._datasets[path]
+
+    @property
+    def classes(self) -> list[str]:
+        return self._dataset(self.path, "source.path")["classes"]
+
+    def prepare(self) -> None:
+        """Check every chunk is there with its size (one stat each), and the held-out files' classes."""
+        for path, key in (
+            (self.path, "source.path"),
+            (self.val_path, "source.val_path"),
+            (self.test_path, "source.test_path"),
+        ):
+            if path:
+                dataset = self._dataset(path, key)
+                dataset["chunks"].check_files()
+                if dataset["classes"] != self.classes:
+                    raise ValueError(
+                        f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
+                        f"a held-out dataset must be converted with the classes of the training one"
+                    )
+
+    def split(self, name: str) -> ShardsRecords:
+        own = {"val": self.val_path, "test": self.test_path}.get(check_split(name))
+        if name == "test" and not own and not self.test_fraction:
+            raise no_test_split(
+                repr(self), "source.test_path=<a shards directory> or source.test_fraction=0.1"
+            )
+        path = own or self.path
+        dataset = self._dataset(
+            path,
+            "source.test_path" if name == "test" and own else "source.val_path" if own else "source.path",
+        )
+        subset = None
+        if not own:
+            labels = dataset["labels"]
+            counts = np.bincount(labels, minlength=len(self.classes))
+            order = np.argsort(labels, kind="stable")
+            cache = cache_path("shards", os.path.basename(path), [path, dataset["identity"]], self.cache_dir)
+            subset = subset_for(
+                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
+            )
+        return ShardsRecords(dataset["chunks"], self.window, subset)
+
+    def __repr__(self) -> str:
+        return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
