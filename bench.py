@@ -173,11 +173,18 @@ def check_sweep_size(samples: int, batch_size: int, options, cpus: int, prefetch
     prefetched = cpus * (prefetch_factor or 2)
     needed = (options.warmup + options.sweep_batches + prefetched) * batch_size
     if samples < needed:
+        most_batches = samples // batch_size - options.warmup - prefetched
+        largest_batch = samples // (options.warmup + options.sweep_batches + prefetched)
+        fixes = (
+            [f"bench.sweep_batches={most_batches} (the most this split gives)"] if most_batches >= 1 else []
+        )
+        if largest_batch >= 1:
+            fixes.append(f"data.batch_size={largest_batch} (the largest that gives {options.sweep_batches})")
         raise ValueError(
             f"bench.workers=sweep needs at least {needed} training samples to measure each worker count "
             f"(bench.warmup={options.warmup} + bench.sweep_batches={options.sweep_batches} batches + the "
             f"{prefetched} that {cpus} workers prefetch, of data.batch_size={batch_size}); this train split has "
-            f"{samples}: use more data, or lower bench.sweep_batches or data.batch_size"
+            f"{samples}: use more data" + "".join(f", or {fix}" for fix in fixes)
         )
 
 
