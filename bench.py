@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
+from importlib import resources
 
 import hydra
 import numpy as np
@@ -201,11 +203,26 @@ def first_batches(datamodule, startup: StartupClock) -> None:
 
 def _choices(cfg: DictConfig) -> str:
     if HydraConfig.initialized():
-        choices = HydraConfig.get().runtime.choices
+        choices = dict(HydraConfig.get().runtime.choices)
+        if "transforms" in choices:
+            choices["transforms"] = preset_name(choices["transforms"])
         return " ".join(
             f"{group}={choices[group]}" for group in ("source", "transforms", "collate") if group in choices
         )
     return f"source={cfg.source._target_}"
+
+
+_PRESET = re.compile(r"^\s*-\s*/transforms/([\w.-]+)@_here_\s*$", re.M)
+
+
+def preset_name(choice: str) -> str:
+    """The transforms preset a run without ``transforms=`` gets, by the name a user would type
+    (``for_source/folder`` -> ``imagenet``); any other choice as it is."""
+    if not choice.startswith("for_source/"):
+        return choice
+    path = resources.files("feedline.conf") / "transforms" / f"{choice}.yaml"
+    found = _PRESET.findall(path.read_text()) if path.is_file() else []
+    return found[0] if len(found) == 1 else choice
 
 
 def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: int) -> dict:
