@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
+from importlib import resources
 
 import hydra
 import numpy as np
@@ -175,11 +177,18 @@ def check_sweep_size(samples: int, batch_size: int, options, cpus: int, prefetch
     prefetched = cpus * (prefetch_factor or 2)
     needed = (options.warmup + options.sweep_batches + prefetched) * batch_size
     if samples < needed:
+        most_batches = samples // batch_size - options.warmup - prefetched
+        largest_batch = samples // (options.warmup + options.sweep_batches + prefetched)
+        fixes = (
+            [f"bench.sweep_batches={most_batches} (the most this split gives)"] if most_batches >= 1 else []
+        )
+        if largest_batch >= 1:
+            fixes.append(f"data.batch_size={largest_batch} (the largest that gives {options.sweep_batches})")
         raise ValueError(
             f"bench.workers=sweep needs at least {needed} training samples to measure each worker count "
             f"(bench.warmup={options.warmup} + bench.sweep_batches={options.sweep_batches} batches + the "
             f"{prefetched} that {cpus} workers prefetch, of data.batch_size={batch_size}); this train split has "
-            f"{samples}: use more data, or lower bench.sweep_batches or data.batch_size"
+            f"{samples}: use more data" + "".join(f", or {fix}" for fix in fixes)
         )
 
 
@@ -196,11 +205,26 @@ def first_batches(datamodule, startup: StartupClock) -> None:
 
 def _choices(cfg: DictConfig) -> str:
     if HydraConfig.initialized():
-        choices = HydraConfig.get().runtime.choices
+        choices = dict(HydraConfig.get().runtime.choices)
+        if "transforms" in choices:
+            choices["transforms"] = preset_name(choices["transforms"])
         return " ".join(
             f"{group}={choices[group]}" for group in ("source", "transforms", "collate") if group in choices
         )
     return f"source={cfg.source._target_}"
+
+
+_PRESET = re.compile(r"^\s*-\s*/transforms/([\w.-]+)@_here_\s*$", re.M)
+
+
+def preset_name(choice: str) -> str:
+    """The transforms preset a run without ``transforms=`` gets, by the name a user would type
+    (``for_source/folder`` -> ``imagenet``); any other choice as it is."""
+    if not choice.startswith("for_source/"):
+        return choice
+    path = resources.files("feedline.conf") / "transforms" / f"{choice}.yaml"
+    found = _PRESET.findall(path.read_text()) if path.is_file() else []
+    return found[0] if len(found) == 1 else choice
 
 
 def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: int) -> dict:

@@ -124,8 +124,20 @@ def _report(summary: dict) -> None:
         )
 
 
+def console_for_this_rank() -> None:
+    """Lightning restarts this script once per extra device of a node (``LOCAL_RANK`` set): on the console
+    their INFO lines would repeat rank 0's, unlabelled (every "Instantiating ...", a resume said twice). Those
+    ranks keep them in their own ``train_ddp_process_<r>.log``; their console shows warnings and errors."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(max(handler.level, logging.WARNING))
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    console_for_this_rank()
     with short_errors():
         train(cfg)
 

@@ -40,6 +40,7 @@ def require(cfg: DictConfig, *keys: str) -> None:
 
 def instantiate(cfg: DictConfig, key: str, **kwargs):
     target = cfg.get("_target_", "?") if isinstance(cfg, DictConfig) else "?"
+    target = kwargs.get("_target_", target)  # what is built: bench.py builds ImageLoaders from cfg.data
     log.info("Instantiating %s <%s>", key, target)
     try:
         return hydra.utils.instantiate(cfg, **kwargs)

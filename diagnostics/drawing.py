@@ -17,6 +17,7 @@ from feedline.diagnostics.loader_bench import STAGE_NAMES
 FEEDLINE = "#1f6feb"
 ANCHOR = "#8b949e"
 MODEL = "#d29922"
+LOG_SPAN = 100  # bars spanning more than this ratio are drawn on a log scale, so every one shows
 
 
 def draw_bench(result: dict, path: str) -> str:
@@ -58,7 +59,12 @@ def _stages(ax, result: dict) -> None:
     ax.set_yticks(list(positions), names)
     for y, value in zip(positions, values):
         ax.annotate(f" {value:.3g}", (value, y), va="center", fontsize=8)
-    ax.set_xlabel("ms per sample (one process)")
+    positive = [value for value in values if value > 0]
+    if positive and max(positive) > LOG_SPAN * min(positive):  # a model step that dwarfs the stages
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per sample (one process; log scale)")
+    else:
+        ax.set_xlabel("ms per sample (one process)")
     ax.set_title("where a sample's time goes", fontsize=10)
     ax.margins(x=0.2)
 

@@ -357,3 +357,21 @@ def test_the_breakdown_runs_on_one_thread_as_a_worker_does():
         assert set(dataset.threads) == {2}  # no workers: the main process loads on its own threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_pipeline_names_the_preset_a_run_without_transforms_gets(make_cfg, tmp_path):
+    from feedline.bench import preset_name
+
+    assert preset_name("for_source/folder") == "imagenet" and preset_name("for_source/digits") == "digits"
+    assert preset_name("cifar") == "cifar" and preset_name("for_source/mine") == "for_source/mine"
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    quick = [o for o in QUICK if not o.startswith("transforms=")]
+    cfg = make_cfg(
+        "source=folder",
+        f"source.root={tree}",
+        *quick,
+        SLEEP,  # made slow on purpose: the fake clock advances only then
+        f"bench.json_path={tmp_path / 'b.json'}",
+        config="bench",
+    )
+    assert bench(cfg, show=False)["pipeline"].startswith("source=folder transforms=imagenet collate=uint8")

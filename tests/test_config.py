@@ -153,3 +153,13 @@ def test_cli_prints_config_and_lists_options():
         [sys.executable, "train.py", "source=nope"], cwd=ROOT_DIR, capture_output=True, text=True
     )
     assert bad.returncode != 0 and "folder" in bad.stderr and "digits" in bad.stderr
+
+
+def test_the_instantiation_log_names_the_class_built(make_cfg, tree, caplog):
+    import logging
+
+    cfg = make_cfg("source=folder", f"source.root={tree}")
+    with caplog.at_level(logging.INFO, logger="feedline.cli.instantiate"):
+        loaders = instantiate(cfg.data, "data", _target_="feedline.datamodules.loaders.ImageLoaders")
+    assert type(loaders).__name__ == "ImageLoaders"
+    assert "Instantiating data <feedline.datamodules.loaders.ImageLoaders>" in caplog.text

@@ -149,3 +149,18 @@ def test_the_model_step_is_drawn_per_sample_of_the_batch_it_stepped_on():
     }
     names, values, _ = stage_bars(result)
     assert names[-1] == "model step (cpu)" and values[-1] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(("step_s", "scale"), [(0.4, "log"), (0.0002, "linear")])
+def test_a_model_step_that_dwarfs_the_stages_is_drawn_on_a_log_scale(step_s, scale):
+    from matplotlib.figure import Figure
+
+    from feedline.diagnostics.drawing import _stages
+
+    result = {
+        "breakdown": {"stages_run": ["read", "decode"], "per_sample_s": {"read": 2e-5, "decode": 4e-4}},
+        "model": {"device": "cpu", "batch_size": 4, "step_s": step_s},  # 100 ms or 0.05 ms a sample
+    }
+    ax = Figure().subplots()
+    _stages(ax, result)
+    assert ax.get_xscale() == scale  # every stage's bar visible beside the step

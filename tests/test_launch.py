@@ -46,7 +46,7 @@ def id_trees(tmp_path):
 def test_ddp_sim_sees_every_sample_once_per_epoch_and_leaves_one_output_dir(tmp_path):
     train, val = id_trees(tmp_path)
     out, probe, cache = tmp_path / "run", tmp_path / "probe", tmp_path / "cache"
-    run_cli(
+    done = run_cli(
         "trainer=ddp_sim",
         "trainer.max_epochs=2",
         "source=folder",
@@ -98,6 +98,9 @@ def test_ddp_sim_sees_every_sample_once_per_epoch_and_leaves_one_output_dir(tmp_
         if "indexed" in line
     ]
     assert [name for name, _ in builds] == ["train.log", "train.log"], builds  # train root and val root
+    # The console says each INFO line once (rank 0's); the other rank's are in its own log.
+    assert (done.stdout + done.stderr).count("Instantiating data") == 1
+    assert "Instantiating data" in (out / "train_ddp_process_1.log").read_text()
 
 
 @pytest.mark.slow

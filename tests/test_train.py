@@ -73,6 +73,42 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_naming_the_first(mak
     assert train(cfg)["metrics"]["train/loss"] > 0  # the first run has ended: the directory is free
 
 
+def test_a_run_killed_while_its_forked_workers_live_on_frees_its_directory_at_once(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from feedline.cli.run_dir import own_run_dir
+
+    out = str(tmp_path / "out")
+    holder = subprocess.Popen(  # a run that forked a DataLoader worker, which outlives a kill -9 for a while
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "from feedline.cli.run_dir import own_run_dir\n"
+            f"with own_run_dir({out!r}, None):\n"
+            "    worker = os.fork()\n"
+            "    if worker == 0:\n"
+            "        time.sleep(60); os._exit(0)\n"
+            "    print(worker, flush=True); time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = int(holder.stdout.readline())
+    try:
+        in_use = pytest.raises(BlockingIOError, match=rf"in use by another run \(pid {holder.pid} on ")
+        with in_use, own_run_dir(out, "last"):
+            pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        with own_run_dir(out, "last"):  # the resume: its worker still lives, and holds no share of the lock
+            os.kill(worker, 0)
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
 def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(make_cfg, tree, tmp_path):
     (tmp_path / "out" / "checkpoints").mkdir(parents=True)
     (tmp_path / "out" / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's")

@@ -202,3 +202,20 @@ def test_the_report_prints_the_anchor_and_no_worker_count_already_set():
     assert "data.num_workers=1" not in printed  # already what the run uses
     printed = _report(sweep={0: 200.0, 1: 1000.0, 2: 980.0}, recommended_workers=1, configured_workers=2)
     assert "data.num_workers=1 (the fewest workers within 5% of the best rate)" in printed
+
+
+def test_a_sweep_refused_for_too_few_samples_names_settings_that_fit():
+    from feedline.bench import check_sweep_size
+    from feedline.diagnostics.options import BenchOptions
+
+    options = BenchOptions(warmup=3, sweep_batches=20)
+    # the embedded digits: 1438 training samples, batch 64, 2 CPUs prefetching 2 batches each
+    with pytest.raises(ValueError, match="bench.sweep_batches=15 .*, or data.batch_size=53 ") as refused:
+        check_sweep_size(1438, 64, options, 2, 2)
+    assert "needs at least 1728 training samples" in str(refused.value)
+    with pytest.raises(
+        ValueError, match=r"this train split has 54: use more data, or data.batch_size=2 "
+    ) as refused:
+        check_sweep_size(54, 64, options, 2, 2)  # too few for any sweep_batches at batch 64
+    assert "bench.sweep_batches=" not in str(refused.value).split("use more data")[1]
+    check_sweep_size(1408, 64, BenchOptions(warmup=3, sweep_batches=15), 2, 2)  # what it named fits
