@@ -37,12 +37,25 @@ def _litdata_item(item):
 
 
 def ensure_litdata(tree: str, data_dir: str) -> str:
+    import multiprocessing
+
     import litdata
 
     root = os.path.join(data_dir, f"{os.path.basename(tree)}-litdata")
     if not os.path.exists(root + ".complete"):
-        litdata.optimize(
-            fn=_litdata_item, inputs=samples(tree), output_dir=root, chunk_bytes="64MB", num_workers=1
-        )
+        # optimize() sets the start method of the whole process (spawn unless told): keep the caller's
+        method = multiprocessing.get_start_method(allow_none=True)
+        try:
+            litdata.optimize(
+                fn=_litdata_item,
+                inputs=samples(tree),
+                output_dir=root,
+                chunk_bytes="64MB",
+                num_workers=1,
+                start_method="fork",
+                verbose=False,
+            )
+        finally:
+            multiprocessing.set_start_method(method, force=True)
         open(root + ".complete", "w").close()
     return root
