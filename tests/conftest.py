@@ -49,6 +49,17 @@ def make_cfg(tmp_path):
     GlobalHydra.instance().clear()
 
 
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """Only the stages made slow on purpose take (fake) time (``tests/sleepy.py``): bench's measurements,
+    shares and verdicts do not depend on the machine's load."""
+    import feedline.diagnostics.loader_bench as loader_bench
+    from tests.sleepy import CLOCK
+
+    monkeypatch.setattr(loader_bench, "clock", CLOCK)
+    return CLOCK
+
+
 FAST = ["trainer.fast_dev_run=true", "trainer.accelerator=cpu", "data.num_workers=0", "data.batch_size=4"]
 
 

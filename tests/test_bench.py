@@ -27,13 +27,7 @@ QUICK = [
 SLEEP = "transforms.train=[{_target_: tests.sleepy.Sleep, seconds: 0.008}]"
 
 
-@pytest.fixture(autouse=True)
-def _fake_clock(monkeypatch):
-    """Only the stages made slow on purpose take (fake) time: no assertion depends on the machine's load."""
-    import feedline.diagnostics.loader_bench as loader_bench
-    from tests.sleepy import CLOCK
-
-    monkeypatch.setattr(loader_bench, "clock", CLOCK)
+pytestmark = pytest.mark.usefixtures("fake_clock")  # conftest.py: bench on fake time
 
 
 def run(make_cfg, tmp_path, *overrides):
