@@ -81,5 +81,6 @@ def print_report(result: dict, console: Console | None = None) -> None:
     console.print("try:")
     for suggestion in verdict["suggestions"]:
         console.print(f"  - {suggestion}")
-    if recommended is not None and recommended != configured:  # advice the run already follows is not given
+    # Advice the run already follows is not given; model-bound, the verdict names the fewest workers that keep up.
+    if recommended is not None and recommended != configured and verdict["verdict"] != "model-bound":
         console.print(f"  - data.num_workers={recommended} (the fewest workers within 5% of the best rate)")

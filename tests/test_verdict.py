@@ -197,6 +197,13 @@ def test_the_report_prints_the_anchor_and_no_worker_count_already_set():
     assert "data.num_workers=1" not in printed  # already what the run uses
     printed = _report(sweep={0: 200.0, 1: 1000.0, 2: 980.0}, recommended_workers=1, configured_workers=2)
     assert "data.num_workers=1 (the fewest workers within 5% of the best rate)" in printed
+    printed = _report(
+        sweep={0: 200.0, 1: 1000.0, 2: 1980.0},
+        recommended_workers=2,
+        configured_workers=1,
+        verdict={"verdict": "model-bound", "reasons": [], "suggestions": ["data.num_workers=1 keeps up too"]},
+    )
+    assert "fewest workers within 5%" not in printed  # model-bound: the fewest that keep up, not the fastest
 
 
 def test_a_sweep_refused_for_too_few_samples_names_settings_that_fit():
