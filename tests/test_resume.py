@@ -118,6 +118,23 @@ class WorldLoaders(ImageDataModule):
         return self.world, self.rank, 1, False
 
 
+def world_loaders(source, tree, world: int, batch_size: int) -> list:
+    """The train loader of every rank of ``world``, over ``source``, with small_dm's random stack."""
+    return [
+        WorldLoaders(
+            source,
+            small_dm(tree).transforms,
+            Uint8Collate(),
+            batch_size=batch_size,
+            num_workers=0,
+            seed=5,
+            world=world,
+            rank=rank,
+        ).train_dataloader()
+        for rank in range(world)
+    ]
+
+
 def per_sample(batches) -> dict[int, bytes]:
     """label -> that sample's pixels, from batches of a tree of one image per class."""
     out = {}
@@ -138,19 +155,7 @@ def test_a_resume_on_another_world_and_batch_size_reads_the_rest_of_the_epoch_on
     tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
 
     def loaders(w, b):
-        return [
-            WorldLoaders(
-                FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c"),
-                small_dm(tree).transforms,
-                Uint8Collate(),
-                batch_size=b,
-                num_workers=0,
-                seed=5,
-                world=w,
-                rank=r,
-            ).train_dataloader()
-            for r in range(w)
-        ]
+        return world_loaders(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c"), tree, w, b)
 
     whole = per_sample(b for loader in loaders(1, 4) for b in digests(loader))
     first = loaders(world, batch)

@@ -329,8 +329,7 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
     make_cfg, tmp_path, world, batch, new_world, new_batch
 ):
     from feedline.datasets.shards import ShardsSource
-    from feedline.transforms.collate import Uint8Collate
-    from tests.test_resume import WorldLoaders, digests, per_sample, small_dm
+    from tests.test_resume import digests, per_sample, world_loaders
 
     classes = [f"c{k:02d}" for k in range(24)]  # one image each: a label names its sample
     tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
@@ -339,19 +338,7 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
     def loaders(w, b):
         source = ShardsSource(tmp_path / "shards", val_fraction=0, window=2, cache_dir=tmp_path / "c")
         assert len(source.split("train").chunks.files) >= 6
-        return [
-            WorldLoaders(
-                source,
-                small_dm(tree).transforms,
-                Uint8Collate(),
-                batch_size=b,
-                num_workers=0,
-                seed=5,
-                world=w,
-                rank=r,
-            ).train_dataloader()
-            for r in range(w)
-        ]
+        return world_loaders(source, tree, w, b)
 
     whole_loader = loaders(1, 4)[0]
     assert whole_loader.sampler.epoch_order is not None  # the shards' own order
