@@ -67,14 +67,17 @@ def prepare(args, names=()) -> dict:
 
 
 # -- one measurement, in a fresh process -------------------------------------------------------------------
-def child(name: str, args) -> dict:
+def child(name: str, args, loaders: dict = LOADERS) -> dict:
+    """Build loader ``name`` of ``loaders`` and time it, in this (fresh) process: the loader built and its
+    first batch from the process's start, then images/s and the process tree's CPU time after two warm-up
+    batches. Also ``benchmarks/shards.py``'s measurement."""
     import psutil
 
     from feedline.diagnostics.startup import process_start  # standard library only
 
     data = json.loads(args.data)
     started = process_start() or time.time()
-    loader = LOADERS[name][2](data, args)
+    loader = loaders[name][2](data, args)
     ready = time.time() - started
     me = psutil.Process()
 
@@ -106,6 +109,24 @@ def child(name: str, args) -> dict:
         "first_batch_s": first,
         "third_batch_s": third,
     }
+
+
+def report_and_exit(measured: dict) -> None:
+    """Print a child's measurement, stop its workers now (left alone, they would go on decoding their
+    prefetched batches beside the next measurement) and end without tearing the loader down (FFCV aborts
+    the interpreter when its threads are still running at exit)."""
+    import signal
+
+    import psutil
+
+    print(json.dumps(measured), flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise for the killed workers
+    workers = psutil.Process().children(recursive=True)
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
+    psutil.wait_procs(workers, timeout=10)
+    os._exit(0)
 
 
 def measure_train(data: dict, args) -> dict:
@@ -191,11 +212,11 @@ def child_arguments(data: dict, args) -> list[str]:
     return command + ["--batch-size", str(args.batch_size), "--batches", str(args.batches)]
 
 
-def in_overlay(peer: str | None, arguments: list[str], what: str = "") -> dict:
-    """Run this script with ``arguments`` in a fresh process (in ``peer``'s overlay, if any); its last line
-    of output, as JSON."""
+def in_overlay(peer: str | None, arguments: list[str], what: str = "", script: str = __file__) -> dict:
+    """Run ``script`` (this one) with ``arguments`` in a fresh process (in ``peer``'s overlay, if any); its
+    last line of output, as JSON."""
     env = peer_overlays.overlay_env(peer) if peer else None
-    command = [sys.executable, os.path.abspath(__file__), *arguments]
+    command = [sys.executable, os.path.abspath(script), *arguments]
     out = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT, env=env)
     if out.returncode:
         raise RuntimeError(f"{what or arguments[:2]} failed:\n{out.stderr[-3000:]}")
@@ -224,11 +245,11 @@ def versions() -> dict:
     return found
 
 
-def summarise(name: str, runs: list[dict]) -> dict:
+def summarise(name: str, runs: list[dict], loaders: dict = LOADERS) -> dict:
     cpu_ms = [1000 * r["cpu_seconds"] / r["images"] for r in runs]
     row = {
         "loader": name,
-        "format": LOADERS[name][0],
+        "format": loaders[name][0],
         "images_per_s": statistics.median(r["images"] / r["seconds"] for r in runs),
         "cpu_ms": statistics.median(cpu_ms),
         "cpu_ms_range": [min(cpu_ms), max(cpu_ms)],
@@ -285,21 +306,7 @@ def main(argv=None) -> dict:
             if args.child in SCRIPTS
             else child(args.child, args)
         )
-        print(json.dumps(measured), flush=True)
-        # Measured: stop the workers now (left alone, they would go on decoding their prefetched batches
-        # beside the next measurement) and end without tearing the loader down (FFCV aborts the interpreter
-        # when its threads are still running at exit).
-        import signal
-
-        import psutil
-
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise for the killed workers
-        workers = psutil.Process().children(recursive=True)
-        for worker in workers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                worker.kill()
-        psutil.wait_procs(workers, timeout=10)
-        os._exit(0)
+        report_and_exit(measured)
     if args.convert:  # in the peer's overlay: its own format, made once
         tree = json.loads(args.data)["tree"]
         print(json.dumps(peer_overlays.CONVERTERS[args.convert](tree, args.data_dir)))

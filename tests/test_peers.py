@@ -71,3 +71,35 @@ def test_the_scaling_benchmark_reports_efficiency_per_worker_count(tmp_path, cap
         and rows[("ImageFolder + PIL", 2)]["vs_imagefolder"] == 1.0
     )
     assert "efficiency vs linear" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_shards_benchmark_reads_the_same_images_four_ways_against_litdata_on_the_same_shards(
+    tmp_path, capsys
+):
+    shards = benchmark("shards")
+    args = [
+        "--images",
+        "100",
+        "--rounds",
+        "1",
+        "--batch-size",
+        "16",
+        "--batches",
+        "3",
+        "--chunk-bytes",
+        "400KB",
+    ]
+    result = shards.main([*args, "--data-dir", str(tmp_path)])
+    rows = {row["loader"]: row for row in result["rows"]}
+    assert set(rows) == set(shards.LOADERS)  # LitData is a dependency of feedline: the anchor always runs
+    assert rows[shards.ANCHOR]["vs_anchor"] == 1.0 and rows[shards.HDF5]["vs_hdf5"] == 1.0
+    for name, row in rows.items():
+        assert row["images_per_s"] > 0 and 0 < row["first_batch_s"] <= row["third_batch_s"], name
+    from feedline.datasets.chunks import Chunks, dataset_dirs
+
+    written = Chunks.of(dataset_dirs(str(tmp_path / "jpeg-100-shards-400KB")))
+    assert written.total == 100 and len(written.files) > 2  # the shards both shards rows read, in chunks
+    assert len(result["verdict"]) == 2  # each target stated against this run's own anchor
+    printed = capsys.readouterr().out
+    assert "| feedline shards | shards |" in printed and "(target <= 1.10x)" in printed

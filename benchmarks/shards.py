@@ -1,0 +1,207 @@
+"""The same images read as a folder, as HDF5, as shards, and through LitData's own loader on those shards.
+
+    python benchmarks/shards.py [--images 3000] [--rounds 3] [--workers 2] [--batch-size 128]
+                                [--chunk-bytes 8MB] [--loaders name,name] [--json results.json]
+
+Data: the JPEG tree of ``throughput.py`` (about 500x375), converted once by feedline's own writers into an
+HDF5 file (the files' bytes, not re-encoded) and into shards (``convert.py out.format=shards``: LitData's
+chunk format, ``--chunk-bytes`` per chunk). Work, for every loader: read, decode, RandomResizedCrop(224),
+horizontal flip, uint8 batches of ``--batch-size``, ``--workers`` worker processes. The anchor is LitData's
+``StreamingDataset`` + ``StreamingDataLoader`` reading the very shards feedline's ``shards`` source reads
+(LitData's own order: chunks shuffled, then samples within the chunks a worker holds).
+
+Each measurement runs in a fresh process (``peers.child``: loaders alternate within a round); the time to
+the first batch counts from the process's start; after two warm-up batches the process tree's CPU time and
+the wall time are taken over the rest of one epoch. CPU-ms per image is the figure to compare on a shared
+machine; the table gives medians, the min-max, and each row's CPU against the anchor and against feedline's
+``hdf5`` on the same images. Targets (issue 29): ``shards`` no more CPU per image than the anchor, and within
+10% of ``hdf5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402 - standard library only at module level
+from peer_loaders import feedline_folder, feedline_loader  # noqa: E402
+from peer_work import crop_and_flip, decode_jpeg  # noqa: E402
+
+ANCHOR = "LitData StreamingDataset (same shards)"
+SHARDS = "feedline shards"
+HDF5 = "feedline hdf5"
+
+
+# -- data ------------------------------------------------------------------------------------------------
+def ensure_shards(tree: str, chunk_bytes: str) -> str:
+    """The tree as shards, written by feedline's writer once per chunk size."""
+    from feedline.datasets.chunks import is_complete
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import convert_source
+
+    path = f"{tree}-shards-{chunk_bytes}"
+    if not is_complete(path):
+        source = FolderSource(tree, val_fraction=0, cache_dir=os.path.join(os.path.dirname(tree), "cache"))
+        convert_source(source, WriteOptions(path=path, format="shards", chunk_bytes=chunk_bytes))
+    return path
+
+
+def prepare(args) -> dict:
+    from throughput import ensure_hdf5, ensure_jpeg_tree
+
+    tree = ensure_jpeg_tree(args.data_dir, args.images)
+    return {
+        "tree": tree,
+        "cache": os.path.join(args.data_dir, "cache"),
+        "hdf5": ensure_hdf5(tree, "encoded", mode="encoded"),
+        "shards": ensure_shards(tree, args.chunk_bytes),
+    }
+
+
+# -- loaders ---------------------------------------------------------------------------------------------
+def feedline_hdf5(data, args):
+    from feedline.datasets.hdf5 import HDF5Source
+
+    return feedline_loader(HDF5Source(data["hdf5"], val_fraction=0, cache_dir=data["cache"]), args)
+
+
+def feedline_shards(data, args):
+    from feedline.datasets.shards import ShardsSource
+
+    return feedline_loader(ShardsSource(data["shards"], val_fraction=0, cache_dir=data["cache"]), args)
+
+
+def litdata_shards(data, args):
+    """LitData's own dataset and loader on feedline's shards: items are the (image bytes, label) tuples the
+    writer stored."""
+    import litdata
+
+    transform = crop_and_flip()
+
+    class Dataset(litdata.StreamingDataset):
+        def __getitem__(self, index):
+            image, label = super().__getitem__(index)
+            return transform(decode_jpeg(image)), label
+
+    dataset = Dataset(data["shards"], shuffle=True)
+    return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+
+
+# name: (format, requirement, build(data, args)), as peers.LOADERS
+LOADERS = {
+    "feedline folder": ("JPEG tree", None, feedline_folder),
+    HDF5: ("HDF5 (the files' bytes)", None, feedline_hdf5),
+    SHARDS: ("shards", None, feedline_shards),
+    ANCHOR: ("shards", "litdata", litdata_shards),
+}
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+def ratios(rows: list[dict]) -> None:
+    """Each row's CPU-ms per image against the anchor's and feedline hdf5's, where those were measured."""
+    by_name = {row["loader"]: row["cpu_ms"] for row in rows}
+    for row in rows:
+        for key, name in (("vs_anchor", ANCHOR), ("vs_hdf5", HDF5)):
+            row[key] = row["cpu_ms"] / by_name[name] if by_name.get(name) else None  # 0: under psutil's tick
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        f"| loader | format | images/s | CPU-ms/image (min-max) | CPU vs {ANCHOR} | CPU vs {HDF5} "
+        "| first batch (s) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        low, high = row["cpu_ms_range"]
+        against = [f"{row[k]:.2f}x" if row[k] else "" for k in ("vs_anchor", "vs_hdf5")]
+        print(
+            f"| {row['loader']} | {row['format']} | {row['images_per_s']:.0f} "
+            f"| {row['cpu_ms']:.2f} ({low:.2f}-{high:.2f}) | {against[0]} | {against[1]} "
+            f"| {row['first_batch_s']:.1f} |"
+        )
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """The issue's two targets, as measured in this run."""
+    by_name = {row["loader"]: row for row in rows}
+    if SHARDS not in by_name:
+        return []
+    shards, lines = by_name[SHARDS], []
+    if shards["vs_anchor"] is not None:
+        ok = shards["vs_anchor"] <= 1.0
+        lines.append(
+            f"shards CPU per image {shards['vs_anchor']:.2f}x LitData's own loader on the same shards "
+            f"(target <= 1.00x): {'met' if ok else 'NOT met'}"
+        )
+    if shards["vs_hdf5"] is not None:
+        ok = shards["vs_hdf5"] <= 1.10
+        lines.append(
+            f"shards CPU per image {shards['vs_hdf5']:.2f}x feedline hdf5 on the same images "
+            f"(target <= 1.10x): {'met' if ok else 'NOT met'}"
+        )
+    return lines
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--chunk-bytes", default="8MB", help="the shards' chunk size (out.chunk_bytes)")
+    parser.add_argument(
+        "--batches", type=int, default=0, help="batches measured per run (0: the rest of one epoch)"
+    )
+    parser.add_argument("--loaders", default=None, help="comma-separated subset, by name")
+    parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        peers.report_and_exit(peers.child(args.child, args, LOADERS))
+
+    if not args.batches:
+        args.batches = max(1, args.images // args.batch_size - 4)  # the rest of one epoch
+    wanted = [n.strip() for n in args.loaders.split(",")] if args.loaders else list(LOADERS)
+    unknown = [n for n in wanted if n not in LOADERS]
+    if unknown:
+        parser.error(
+            f"--loaders: no loader named {', '.join(map(repr, unknown))}; known: {', '.join(LOADERS)}"
+        )
+    names = [n for n in wanted if peers.installed(LOADERS[n][1])]
+    data = prepare(args)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(args.rounds):
+        for name in names:
+            arguments = ["--child", name, *peers.child_arguments(data, args)]
+            runs[name].append(peers.in_overlay(None, arguments, what=name, script=__file__))
+    rows = [peers.summarise(name, runs[name], LOADERS) for name in names]
+    ratios(rows)
+    print(
+        f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers, "
+        f"chunks of {args.chunk_bytes}; median of {args.rounds} fresh-process runs; "
+        f"versions: {peers.versions()}\n"
+    )
+    print_table(rows)
+    lines = verdict(rows)
+    for line in lines:
+        print(line)
+    result = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
+        "rows": rows,
+        "verdict": lines,
+        "versions": peers.versions(),
+    }
+    from feedline.diagnostics.results import write_json
+
+    write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
