@@ -9,6 +9,7 @@ like any other order.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -40,6 +41,13 @@ class ShardsRecords(Records):
 
     def where(self, row: int) -> str:
         return self.chunks.where(row)
+
+    def order_id(self) -> str:
+        """What the epoch order is made of besides (seed, epoch) and the split's rows: the window and the
+        chunks' sizes. A resume refuses a checkpoint whose order was another (the samples consumed would be
+        other samples)."""
+        sizes = hashlib.blake2b(np.ascontiguousarray(self.chunks.sizes, dtype=np.int64).data, digest_size=4)
+        return f"source.window={self.window}, {len(self.chunks.files)} chunks ({sizes.hexdigest()})"
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled

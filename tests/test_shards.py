@@ -360,3 +360,26 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
     full = digests(loaders(1, 4)[0])
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(full[2:], rest))
     assert len(rest) == len(full) - 2
+
+
+def test_a_resume_with_another_window_or_other_chunks_is_refused_by_name(make_cfg, tmp_path):
+    """The window and the chunks make the order: a position counted in one order would skip and repeat
+    samples in another, so the state records them and a strict resume names the change."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datasets.shards import ShardsSource
+    from tests.test_resume import digests, world_loaders
+
+    tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(12)], per_class=1)
+    _convert(make_cfg, tree, tmp_path / "shards", "out.chunk_bytes=1KB")
+
+    def loader(window):
+        source = ShardsSource(tmp_path / "shards", val_fraction=0, window=window, cache_dir=tmp_path / "c")
+        return world_loaders(source, tree, 1, 3)[0]
+
+    first = loader(2)
+    digests(first, 2)
+    state = first.state_dict()
+    assert state["order"].startswith("source.window=2, ")
+    loader(2).load_state_dict(state)  # the same order: fine
+    with pytest.raises(ResumeError, match=r"source.window=2, .* then, 'source.window=3, "):
+        loader(3).load_state_dict(state)
