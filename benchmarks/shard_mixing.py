@@ -19,7 +19,8 @@ contiguous stretch of B*W entries. Every full step of the epoch is counted (the 
     resident           the most chunks open at once, if each chunk is fetched once and kept from its first read
                        to its last: what a node's cache must hold (the order bounds it by about 2k)
     repeat pairs       of the pairs of samples that share a rank's batch in epoch 0, the fraction that share one
-                       again in epoch 1 (exact: every pair), as a multiple of the global shuffle's
+                       again in epoch 1 (exact: every pair), as a multiple of the global shuffle's; batchmates
+                       again: the same per sample, how many of its B - 1 batchmates it meets again
 
 The default window (``datasets/options.py ShardsOptions.window``) is ``pick_window`` of this measurement; the
 test ``tests/test_shard_mixing.py`` holds the two together.
@@ -141,13 +142,19 @@ def measure(order: np.ndarray, nxt: np.ndarray, labels: dict, chunk_of: np.ndarr
         "resident_max": int(resident.max()),
         "resident_mean": float(resident.mean()),
         "repeat_pairs": repeats / pairs,
+        "batchmates_again": 2 * repeats / (count * batch),  # per sample: its batchmates met again
     }
 
 
-def chunk_bound(window: int, per_chunk: int, step: int) -> int:
-    """The most chunks a step of ``step`` entries can read: the windows a stretch that long can touch, times
-    ``window`` (2 windows once a window holds a step). ``per_chunk`` is the chunks' smallest full size."""
-    return window * (-(-step // (window * per_chunk)) + 1)
+def chunk_bound(window: int, bounds: np.ndarray, step: int) -> int:
+    """The most chunks a stretch of ``step`` entries of the order can touch: ``window`` for each window it
+    can touch: those at its two ends and every whole one between. Every window but the permutation's last
+    (only ever at an end) holds ``window`` chunks, so at least the samples of the ``window`` smallest."""
+    sizes = np.diff(bounds)
+    if window >= len(sizes):
+        return len(sizes)
+    least = int(np.sort(sizes)[:window].sum())  # the smallest a full window can be
+    return min(len(sizes), window * (max(step - 2, 0) // least + 2))
 
 
 def run(args) -> dict:
@@ -167,7 +174,7 @@ def run(args) -> dict:
             row = {"world": world, "window": window}
             row.update(measure(orders[0], orders[1], labels, chunk_of, world, args.batch_size))
             if window != GLOBAL:
-                row["chunk_bound"] = chunk_bound(window, args.per_chunk, args.batch_size * world)
+                row["chunk_bound"] = chunk_bound(window, bounds, args.batch_size * world)
             rows.append(row)
     rows.sort(key=lambda r: (r["world"], windows.index(r["window"])))
     for row in rows:  # against the global shuffle on the same world
@@ -215,18 +222,19 @@ def print_table(result: dict) -> None:
         f"batch {args['batch_size']} per rank\n"
     )
     print(
-        "| world | window | classes / batch, shuffled | class-major | chunks / step | resident (max) "
-        "| repeat pairs | vs global |"
+        "| world | window | classes / batch, shuffled | class-major | chunks / step | resident (bound) "
+        "| repeat pairs | batchmates again | vs global |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["rows"]:
         classes = " | ".join(
-            f"{r['classes_per_batch'][layout]:.1f} ({r['classes_vs_global'][layout]:.0%})"
+            f"{r['classes_per_batch'][layout]:.1f} ({r['classes_vs_global'][layout]:.1%})"
             for layout in LAYOUTS
         )
+        bound = f" ({r['chunk_bound']:,})" if "chunk_bound" in r else ""
         print(
-            f"| {r['world']} | {r['window']} | {classes} | {r['chunks_per_step']:.1f} | {r['resident_max']:,} | "
-            f"{r['repeat_pairs']:.2e} | {r['repeat_vs_global']:.1f}x |"
+            f"| {r['world']} | {r['window']} | {classes} | {r['chunks_per_step']:.1f} | {r['resident_max']:,}{bound} "
+            f"| {r['repeat_pairs']:.2e} | {r['batchmates_again']:.2f} | {r['repeat_vs_global']:.1f}x |"
         )
     rule = result["rule"]
     print(
@@ -236,7 +244,7 @@ def print_table(result: dict) -> None:
     )
 
 
-def main() -> None:
+def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=1_281_167, help="ImageNet-like sizes: the total")
@@ -249,10 +257,15 @@ def main() -> None:
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
     result = run(args)
     print_table(result)
     write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":
