@@ -6,6 +6,13 @@ A stretch of the order no longer than a window's samples touches at most two win
 chunks; a batch of B on each of W ranks is such a stretch of B * W entries (``datamodules/order.py``).
 Mixing inside a window is as good as the chunks are mixed: the shards writer writes in a seeded random
 order (``out.shuffle``), so every chunk already holds a sample of the classes.
+
+Measured (``benchmarks/shard_mixing.py``: ImageNet-like, 1.28M samples in 2,209 chunks of 580, batch 256):
+on shuffled chunks a batch draws as many classes as a global shuffle's (226) at every window; what a small
+window keeps is the company: of a sample's 255 batchmates, 82 (window 1), 1.7 (8), 0.16 (32) share its batch
+again the next epoch, against 0.05 for a global shuffle. On chunks sorted by class a batch draws 2 (window 1),
+12 (8), 43 (32), 76 (64) classes. The default, 32, is the smallest window within 4x of a global shuffle's
+repeats, at 64 chunks (4 GiB of 64 MB chunks) held at once.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ class ShardsOptions:
     test_path: Optional[str] = None  # noqa: UP045 - a separate shards directory for trainer.test
     test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
     seed: int = 0
-    window: int = (
-        8  # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py)
-    )
+    # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py); the default
+    # is benchmarks/shard_mixing.py's pick (tests/test_shard_mixing.py): a node holds ~2 x window chunks
+    window: int = 32
     cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays are kept
