@@ -102,3 +102,13 @@ def feedline_wheel(tmp_path_factory) -> tuple[Path, Path]:
         timeout=300,
     )
     return wheel, site
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A SeaweedFS S3 server for the session (``tests/s3_server.py``), stopped by its process id at the end."""
+    from tests.s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    yield server
+    server.stop()
