@@ -1,0 +1,273 @@
+"""A node's cache of chunks fetched from object storage, never above its byte limit on disk.
+
+One directory per dataset, shared by every process of the node (ranks and their workers), coordinated by
+``flock`` alone, so a process killed with SIGKILL leaves no lock behind:
+
+    <dir>/<chunk>           a complete chunk, renamed into place once its bytes are all there
+    <dir>/<chunk>.part      a download in progress: sized to the whole chunk when it starts (counted in full),
+                            locked by its writer; one whose lock is free belongs to a dead writer and is removed
+    <dir>/.lock             the directory lock: taken to admit a download, evict, or rename one into place
+    <dir>/.stats            chunks and bytes fetched (``fetched()``)
+
+The bound: a download is admitted, under the directory lock, only when the sizes of every file in the
+directory plus its own fit ``limit``; to make room, complete chunks are evicted, least recently used first,
+each only when no process is reading it (``LOCK_EX | LOCK_NB`` on it), truncated to 0 bytes (which frees its
+blocks at once, even where another process holds it open) and unlinked. Readers take ``LOCK_SH`` on a chunk
+for the read only (``read``: one ``pread``), after checking its size: a chunk evicted since it was opened
+reads as 0 bytes and is fetched again. Nothing is memory-mapped: a map of an evicted chunk would hold its
+blocks (or fault); a sample's bytes are one ``pread``, a copy of an encoded image.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+OPEN_FILES = 64  # chunk descriptors kept open per process (no lock is held between reads)
+WAIT = 0.02  # seconds between looks while another process downloads a chunk or holds the room
+NO_ROOM_TIMEOUT = 300.0  # seconds without room before the limit is named as too small
+TOUCH_EVERY = 1.0  # seconds: a chunk's use time (its mtime, the eviction order) is refreshed at most so often
+
+Fetch = Callable[[BinaryIO], None]  # writes the chunk's bytes to the file object given
+
+
+class CacheFullError(RuntimeError):
+    """No room can be made: every chunk in the cache is being read or downloaded."""
+
+
+class ChunkCache:
+    """Chunks of one dataset in ``directory``, at most ``limit`` bytes on disk (``key`` names the setting in
+    errors). ``read(name, size, offset, length, fetch)`` returns bytes of a chunk, fetching it first when it
+    is not here. Pickles as its settings; descriptors are opened in the process that reads."""
+
+    def __init__(self, directory: str, limit: int, key: str = "source.cache_limit"):
+        self.directory, self.limit, self.key = str(directory), int(limit), key
+        os.makedirs(self.directory, exist_ok=True)
+        self._files: collections.OrderedDict | None = None
+        self._pid = None
+
+    def __getstate__(self):
+        return self.directory, self.limit, self.key
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytes:
+        """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
+        for _ in range(100):
+            fd = self._open(name, size, fetch)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            if len(data) == length:
+                return data
+            self._close(name)  # evicted (truncated to 0) since it was opened: fetch it again
+        raise CacheFullError(
+            f"chunk {name} was evicted from {self.directory} 100 times while being read: {self.key}="
+            f"{self.limit} is too small for the processes reading at once; raise it"
+        )
+
+    def _open(self, name: str, size: int, fetch: Fetch) -> int:
+        files = self._process_files()
+        if name in files:
+            files.move_to_end(name)
+            fd, touched = files[name]
+            if time.monotonic() - touched > TOUCH_EVERY:
+                self._touch(name, fd)
+            return fd
+        path = os.path.join(self.directory, name)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                self._download(name, size, fetch)
+                continue
+            if os.fstat(fd).st_size == size:
+                break
+            os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
+            time.sleep(WAIT)
+        self._touch(name, fd)
+        while len(files) >= OPEN_FILES:
+            os.close(files.popitem(last=False)[1][0])
+        return fd
+
+    def _touch(self, name: str, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        self._process_files()[name] = (fd, time.monotonic())
+
+    def _close(self, name: str) -> None:
+        entry = self._process_files().pop(name, None)
+        if entry is not None:
+            os.close(entry[0])
+
+    def _process_files(self) -> collections.OrderedDict:
+        if self._pid != os.getpid():  # never a descriptor inherited through fork
+            self._files, self._pid = collections.OrderedDict(), os.getpid()
+        return self._files
+
+    # -- fetching --------------------------------------------------------------------------------------------
+    def _download(self, name: str, size: int, fetch: Fetch) -> None:
+        """Fetch chunk ``name`` into place, or return once another process has (or it is there already)."""
+        path = os.path.join(self.directory, name)
+        part = path + ".part"
+        waited_for_room = None
+        while True:
+            with self._locked():
+                if os.path.exists(path):
+                    return
+                if os.path.exists(part) and not _held(part):
+                    _remove(part)  # its writer died
+                if not os.path.exists(part):
+                    if size > self.limit:
+                        raise CacheFullError(
+                            f"chunk {name} holds {size} bytes, more than {self.key}={self.limit}: raise the limit "
+                            f"to at least a few chunks"
+                        )
+                    if self._make_room(size):
+                        fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+                        fcntl.flock(fd, fcntl.LOCK_EX)
+                        os.ftruncate(fd, size)  # the whole chunk is counted from the start
+                        break
+                    waited_for_room = waited_for_room or time.monotonic()
+                    if time.monotonic() - waited_for_room > NO_ROOM_TIMEOUT:
+                        raise CacheFullError(
+                            f"no room for chunk {name} ({size} bytes) in {self.directory} for "
+                            f"{NO_ROOM_TIMEOUT:.0f} s: every chunk there is being read or downloaded; raise "
+                            f"{self.key} (now {self.limit} bytes)"
+                        )
+            time.sleep(WAIT)  # another process downloads it, or holds the room
+        try:
+            with os.fdopen(os.dup(fd), "r+b") as f:
+                out = _Bounded(f, size, name)
+                fetch(out)
+                if out.written != size:
+                    raise OSError(f"chunk {name}: fetched {out.written} bytes, index.json says {size}")
+            with self._locked():
+                os.rename(part, path)
+                self._count(size)
+        except BaseException:
+            _remove(part)  # never read as whole: a complete chunk only ever appears by the rename
+            raise
+        finally:
+            os.close(fd)
+
+    def _make_room(self, size: int) -> bool:
+        """Under the directory lock: evict unread complete chunks, least recently used first, until ``size``
+        more bytes fit the limit."""
+        used, chunks = 0, []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    used += st.st_size
+                    if not entry.name.startswith(".") and not entry.name.endswith(".part"):
+                        chunks.append((st.st_mtime_ns, entry.path, st.st_size))
+        for _, path, bytes_ in sorted(chunks):
+            if used + size <= self.limit:
+                break
+            if _evict(path):
+                used -= bytes_
+        return used + size <= self.limit
+
+    def usage(self) -> int:
+        """Bytes in the directory now (complete chunks, downloads in progress, the cache's own files)."""
+        total = 0
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    total += entry.stat(follow_symlinks=False).st_size
+        return total
+
+    def _count(self, size: int) -> None:
+        stats = self.fetched()
+        stats["chunks"] += 1
+        stats["bytes"] += int(size)
+        path = os.path.join(self.directory, ".stats")
+        with open(path + ".new", "w") as f:
+            json.dump(stats, f)
+        os.replace(path + ".new", path)
+
+    def fetched(self) -> dict:
+        """Chunks and bytes fetched into this cache since it was made."""
+        try:
+            with open(os.path.join(self.directory, ".stats")) as f:
+                return json.load(f)
+        except (FileNotFoundError, ValueError):
+            return {"chunks": 0, "bytes": 0}
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fd = os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+class _Bounded:
+    """A file object that refuses to grow past the chunk's size (a server that sends more breaks no bound)."""
+
+    def __init__(self, f, size: int, name: str):
+        self.f, self.size, self.name, self.written = f, size, name, 0
+
+    def write(self, data) -> int:
+        n = len(data)
+        if self.written + n > self.size:
+            raise OSError(f"chunk {self.name}: more bytes than index.json's {self.size}")
+        self.f.write(data)
+        self.written += n
+        return n
+
+
+def _held(path: str) -> bool:
+    """Whether a live process holds ``path``'s lock (a download's writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)
+
+
+def _evict(path: str) -> bool:
+    """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
+    where a process holds it open (that process sees 0 bytes and fetches it again)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False  # being read now
+    try:
+        os.ftruncate(fd, 0)
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

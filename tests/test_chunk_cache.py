@@ -1,0 +1,165 @@
+"""The chunk cache (datasets/chunk_cache.py): fetched once per node, never above its limit on disk, a chunk
+being read never evicted, a killed or failed download never read as whole. Its fetch is a function here;
+the object-storage tests run it against a real S3 server."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+
+from feedline.datasets import chunk_cache
+from feedline.datasets.chunk_cache import CacheFullError, ChunkCache
+
+SIZE = 1000
+
+
+def payload(name: str, size: int = SIZE) -> bytes:
+    return (name.encode() * size)[:size]
+
+
+def fetcher(log=None, sleep: float = 0.0, size: int = SIZE):
+    """A fetch per chunk name that writes its payload in pieces (and records the fetch in ``log``)."""
+
+    def for_chunk(name):
+        def fetch(out):
+            if log is not None:
+                with open(log, "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    f.write(name + "\n")
+            data = payload(name, size)
+            for k in range(0, len(data), 256):
+                out.write(data[k : k + 256])
+                time.sleep(sleep / 4)
+
+        return fetch
+
+    return for_chunk
+
+
+def read_whole(cache, name, fetch, size=SIZE):
+    return cache.read(name, size, 0, size, fetch(name))
+
+
+def test_a_chunk_is_fetched_once_and_read_at_any_offset(tmp_path):
+    cache, fetch, log = ChunkCache(tmp_path / "c", 5 * SIZE), fetcher(tmp_path / "log"), tmp_path / "log"
+    assert read_whole(cache, "a", fetch) == payload("a")
+    assert cache.read("a", SIZE, 10, 5, fetch("a")) == payload("a")[10:15]
+    assert log.read_text().split() == ["a"]
+    assert cache.fetched() == {"chunks": 1, "bytes": SIZE}
+
+
+def test_the_cache_never_holds_more_than_its_limit_and_evicts_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunk_cache, "TOUCH_EVERY", 0.0)  # every read refreshes the chunk's use time
+    cache, fetch = ChunkCache(tmp_path / "c", 2 * SIZE + 100), fetcher()
+    for name in ["a", "b", "a", "c"]:  # a used after b: b is the one evicted for c
+        read_whole(cache, name, fetch)
+        time.sleep(0.02)
+        assert cache.usage() <= cache.limit
+    assert sorted(n for n in os.listdir(tmp_path / "c") if not n.startswith(".")) == ["a", "c"]
+
+
+def test_a_chunk_being_read_is_never_evicted_and_a_full_cache_names_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunk_cache, "NO_ROOM_TIMEOUT", 0.3)
+    cache, fetch = ChunkCache(tmp_path / "c", SIZE + 100), fetcher()
+    read_whole(cache, "a", fetch)
+    with open(tmp_path / "c" / "a", "rb") as reading:  # another process mid-read holds it shared
+        fcntl.flock(reading, fcntl.LOCK_SH)
+        with pytest.raises(CacheFullError, match=r"raise source.cache_limit \(now 1100 bytes\)"):
+            read_whole(cache, "b", fetch)
+        assert (tmp_path / "c" / "a").read_bytes() == payload("a")
+    assert read_whole(cache, "b", fetch) == payload("b")  # read done: a goes, b comes
+    assert not (tmp_path / "c" / "a").exists()
+
+
+def test_a_chunk_evicted_while_open_elsewhere_frees_its_bytes_and_is_fetched_again(tmp_path):
+    first, fetch = ChunkCache(tmp_path / "c", SIZE + 100), fetcher(tmp_path / "log")
+    read_whole(first, "a", fetch)  # first keeps a's descriptor open
+    second = ChunkCache(tmp_path / "c", SIZE + 100)
+    second._pid = -1  # another process: its own descriptors
+    read_whole(second, "b", fetch)  # evicts a (truncated: its blocks freed though first has it open)
+    assert second.usage() <= SIZE + 100
+    assert read_whole(first, "a", fetch) == payload("a")  # sees the truncation, fetches again
+    assert (tmp_path / "log").read_text().split() == ["a", "b", "a"]
+
+
+def test_a_failed_or_wrong_sized_download_leaves_nothing_read_as_whole(tmp_path):
+    cache = ChunkCache(tmp_path / "c", 10 * SIZE)
+
+    def broken(out):
+        out.write(b"x" * 300)
+        raise ConnectionError("endpoint gone")
+
+    with pytest.raises(ConnectionError):
+        cache.read("a", SIZE, 0, 10, broken)
+    with pytest.raises(OSError, match="fetched 300 bytes, index.json says 1000"):
+        cache.read("a", SIZE, 0, 10, lambda out: out.write(b"x" * 300))
+    with pytest.raises(OSError, match="more bytes than index.json's 1000"):
+        cache.read("a", SIZE, 0, 10, lambda out: out.write(b"x" * 1200))
+    assert sorted(os.listdir(tmp_path / "c")) == [".lock"]
+
+
+def test_a_download_of_a_killed_process_is_removed_and_fetched_again(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.part").write_bytes(b"half")  # its writer was killed: nobody holds its lock
+    cache = ChunkCache(tmp_path / "c", 10 * SIZE)
+    assert read_whole(cache, "a", fetcher()) == payload("a")
+    assert not (tmp_path / "c" / "a.part").exists()
+
+
+def test_a_chunk_larger_than_the_limit_is_refused_by_key(tmp_path):
+    with pytest.raises(CacheFullError, match="more than source.cache_limit=500"):
+        read_whole(ChunkCache(tmp_path / "c", 500), "a", fetcher())
+
+
+def _reader(directory, limit, names, log, errors):
+    try:
+        cache, fetch = ChunkCache(directory, limit), fetcher(log, sleep=0.01)
+        for name in names:
+            assert read_whole(cache, name, fetch) == payload(name)
+    except BaseException as err:  # reported to the test
+        with open(errors, "a") as f:
+            f.write(repr(err) + "\n")
+
+
+@pytest.mark.parametrize("limit_chunks", [3, 12])
+def test_processes_sharing_a_cache_stay_under_its_limit_and_fetch_each_chunk_once_when_it_fits(
+    tmp_path, limit_chunks
+):
+    """Four processes read ten chunks, each from another one on. Sampled every
+    millisecond, the directory never holds more than the limit, downloads in progress included; with room
+    for all, every chunk is fetched exactly once."""
+    directory, limit = tmp_path / "c", limit_chunks * SIZE + 200
+    names = [f"chunk-{k}" for k in range(10)]
+    ChunkCache(directory, limit)
+    peak, done = [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], ChunkCache.usage(ChunkCache(directory, limit)))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    context = multiprocessing.get_context("fork")
+    args = (directory, limit, names, tmp_path / "log", tmp_path / "errors")
+    procs = [  # each from another chunk on: downloads of different chunks at once
+        context.Process(target=_reader, args=(directory, limit, names[k:] + names[:k], *args[3:]))
+        for k in (0, 3, 5, 8)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    done.set()
+    sampler.join()
+    assert not (tmp_path / "errors").exists(), (tmp_path / "errors").read_text()
+    assert 0 < peak[0] <= limit
+    fetched = (tmp_path / "log").read_text().split()
+    if limit_chunks >= len(names):
+        assert sorted(fetched) == names  # each once, though four processes wanted each
+    assert not [n for n in os.listdir(directory) if n.endswith(".part")]
