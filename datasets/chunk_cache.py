@@ -60,16 +60,17 @@ class ChunkCache:
         self.__init__(*state)
 
     # -- reading ---------------------------------------------------------------------------------------------
-    def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytes:
+    def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytearray:
         """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
         for _ in range(100):
             fd = self._open(name, size, fetch)
+            data = bytearray(length)  # writable: the image's bytes go to torch without a copy
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                data = os.pread(fd, length, offset)
+                got = os.preadv(fd, [data], offset)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-            if len(data) == length:
+            if got == length:
                 return data
             self._close(name)  # evicted (truncated to 0) since it was opened: fetch it again
         raise CacheFullError(

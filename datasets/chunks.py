@@ -27,6 +27,8 @@ import struct
 
 import numpy as np
 
+from feedline.datasets.stores import LocalStore
+
 SIDECAR = "feedline.json"
 LABELS = "labels.npy"
 FORMAT = "feedline-shards/1"
@@ -43,25 +45,34 @@ def part_name(part: int, parts: int) -> str:
     return f"part-{int(part):05d}-of-{int(parts):05d}"
 
 
-def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "index.json")) and os.path.isfile(os.path.join(path, SIDECAR))
+def as_store(where):
+    """A store (``stores.py``) as it is, a local directory's path as a ``LocalStore``."""
+    return where if hasattr(where, "read") else LocalStore(str(where))
 
 
-def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
-    """The directories of the dataset at ``path``: itself, or its parts in part order once all are complete."""
-    if is_complete(path):
-        return [path]
+def is_complete(where, rel: str = "") -> bool:
+    store = as_store(where)
+    return store.exists(_join(rel, "index.json")) and store.exists(_join(rel, SIDECAR))
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def dataset_parts(where, key: str = "source.path") -> list[str]:
+    """The directories of the dataset in ``where`` (a path or a store), relative to it: itself (``""``), or its
+    parts in part order once all are complete."""
+    store = as_store(where)
+    if is_complete(store):
+        return [""]
+    path = store.where()
     found: dict[int, dict[int, str]] = collections.defaultdict(dict)
-    for name in sorted(os.listdir(path)):
+    for name in store.children():
         match = PART.fullmatch(name)
-        if match and os.path.isdir(os.path.join(path, name)):
-            found[int(match[2])][int(match[1])] = os.path.join(path, name)
+        if match:
+            found[int(match[2])][int(match[1])] = name
     if not found:
-        why = (
-            "its conversion is unfinished or was killed"
-            if os.path.isfile(os.path.join(path, "index.json"))
-            else ""
-        )
+        why = "its conversion is unfinished or was killed" if store.exists("index.json") else ""
         raise FileNotFoundError(
             f"{key} '{path}' is not a shards dataset: no index.json and {SIDECAR} (nor part-*-of-* folders)"
             f"{' (' + why + ')' if why else ''}; write one with python convert.py source=... out.format=shards "
@@ -74,7 +85,7 @@ def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
             f"out.parts and remove the others"
         )
     parts, dirs = next(iter(found.items()))
-    missing = [k for k in range(parts) if k not in dirs or not is_complete(dirs[k])]
+    missing = [k for k in range(parts) if k not in dirs or not is_complete(store, dirs[k])]
     if missing:
         names = ", ".join(part_name(k, parts) for k in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise FileNotFoundError(
@@ -84,11 +95,18 @@ def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
     return [dirs[k] for k in range(parts)]
 
 
-def load_index(directory: str) -> list[dict]:
-    """``directory``'s chunks from its index.json, once the layout is one feedline reads."""
-    where = os.path.join(directory, "index.json")
-    with open(where, encoding="utf-8") as f:
-        index = json.load(f)
+def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
+    """The local directories of the dataset at ``path``: itself, or its parts in part order."""
+    store = LocalStore(str(path))
+    return [store.where(rel) for rel in dataset_parts(store, key)]
+
+
+def load_index(where, rel: str = "") -> list[dict]:
+    """The chunks of the dataset directory ``rel`` of ``where`` (a path or a store), from its index.json, once
+    the layout is one feedline reads."""
+    store = as_store(where)
+    where = store.where(_join(rel, "index.json"))
+    index = json.loads(store.read(_join(rel, "index.json")))
     config = index.get("config") or {}
     for name in ("compression", "encryption"):
         if config.get(name):
@@ -107,12 +125,12 @@ def load_index(directory: str) -> list[dict]:
     return list(index["chunks"])
 
 
-def read_sidecar(directory: str) -> dict:
-    with open(os.path.join(directory, SIDECAR), encoding="utf-8") as f:
-        sidecar = json.load(f)
+def read_sidecar(where, rel: str = "") -> dict:
+    store = as_store(where)
+    sidecar = json.loads(store.read(_join(rel, SIDECAR)))
     if sidecar.get("format") != FORMAT:
         raise ValueError(
-            f"{os.path.join(directory, SIDECAR)}: format {sidecar.get('format')!r}, not {FORMAT!r}"
+            f"{store.where(_join(rel, SIDECAR))}: format {sidecar.get('format')!r}, not {FORMAT!r}"
         )
     return sidecar
 

@@ -9,7 +9,7 @@ imports it at start-up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing's generics
+from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
 from feedline.datasets.listing import IMG_EXTENSIONS
 
@@ -74,4 +74,8 @@ class ShardsOptions:
     # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py); the default
     # is benchmarks/shard_mixing.py's pick (tests/test_shard_mixing.py): a node holds ~2 x window chunks
     window: int = 32
-    cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays are kept
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays (and chunks from a URL) are kept
+    # a URL source.path (s3://bucket/prefix): its chunk cache's hard bound on disk, and boto3's settings for
+    # this source alone (endpoint_url, region_name, aws_access_key_id, ..., profile_name; datasets/stores.py)
+    cache_limit: Any = "20GB"
+    storage_options: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045

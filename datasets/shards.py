@@ -10,17 +10,22 @@ like any other order.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 
 import numpy as np
 
-from feedline.datasets.cache import cache_path
+from feedline.datasets.cache import cache_path, default_cache_dir
+from feedline.datasets.cached_chunks import CachedChunks, cache_directory
+from feedline.datasets.chunk_cache import ChunkCache
 from feedline.datasets.chunk_order import check_window, chunk_order
-from feedline.datasets.chunks import LABELS, Chunks, dataset_dirs, read_sidecar
+from feedline.datasets.chunks import LABELS, Chunks, dataset_parts, read_sidecar
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, check_class_names, require_dir
+from feedline.datasets.sizes import describe, parse_bytes
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+from feedline.datasets.stores import LocalStore, S3Store, is_url
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +77,13 @@ class ShardsSource(Source):
         seed: int = _O.seed,
         window: int = _O.window,
         cache_dir: str | None = _O.cache_dir,
+        cache_limit=_O.cache_limit,
+        storage_options: dict | None = _O.storage_options,
     ):
-        self.path = require_dir(path, "source.path")
-        self.val_path = require_dir(val_path, "source.val_path") if val_path else None
-        self.test_path = require_dir(test_path, "source.test_path") if test_path else None
+        self.storage_options = dict(storage_options or {})
+        self.path = self._location(path, "source.path")
+        self.val_path = self._location(val_path, "source.val_path") if val_path else None
+        self.test_path = self._location(test_path, "source.test_path") if test_path else None
         self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
         if self.val_path:
             self.val_fraction = 0.0
@@ -84,21 +92,30 @@ class ShardsSource(Source):
         self.seed = check_seed(seed)
         self.window = check_window(window)
         self.cache_dir = cache_dir
+        self.cache_limit = parse_bytes(cache_limit, "source.cache_limit", 1000, 2**62, "20GB")
         self._datasets: dict[str, dict] = {}
         self._dataset(self.path, "source.path")  # a bad path, a missing part: fails before any work starts
 
+    def _location(self, path, key: str) -> str:
+        return str(path).rstrip("/") if is_url(path) else require_dir(path, key)
+
+    def _store(self, path: str, key: str):
+        return S3Store(path, self.storage_options, key) if is_url(path) else LocalStore(path)
+
     def _dataset(self, path: str, key: str) -> dict:
         if path not in self._datasets:
-            dirs = dataset_dirs(path, key)
-            sidecars = [read_sidecar(d) for d in dirs]
+            store = self._store(path, key)
+            parts = dataset_parts(store, key)
+            sidecars = [read_sidecar(store, rel) for rel in parts]
             classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
-            for d, sidecar in zip(dirs, sidecars):
+            for rel, sidecar in zip(parts, sidecars):
                 if list(sidecar["classes"]) != classes:
                     raise ValueError(
-                        f"{key} '{path}': {d} has other classes than {dirs[0]}: convert its parts again"
+                        f"{key} '{path}': {store.where(rel)} has other classes than {store.where(parts[0])}: "
+                        f"convert its parts again"
                     )
-            chunks = Chunks.of(dirs)
-            labels = np.concatenate([np.load(os.path.join(d, LABELS), mmap_mode="r") for d in dirs])
+            chunks = self._chunks(store, parts, path, key)
+            labels = np.concatenate([_labels(store, rel) for rel in parts])
             if len(labels) != chunks.total or (
                 len(labels) and not 0 <= labels.min() <= labels.max() < len(classes)
             ):
@@ -106,9 +123,13 @@ class ShardsSource(Source):
                     f"{key} '{path}': {LABELS} holds {len(labels)} labels for {chunks.total} samples in "
                     f"{len(classes)} classes: convert it again"
                 )
-            identity = [
-                [os.stat(os.path.join(d, "index.json")).st_mtime_ns, read_sidecar(d)["samples"]] for d in dirs
-            ]
+            index = hashlib.blake2b(digest_size=8)
+            for rel in parts:
+                index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
+            index.update(
+                np.ascontiguousarray(labels, dtype=np.int64).data
+            )  # another write order: another split
+            identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
             self._datasets[path] = {
                 "classes": classes,
                 "chunks": chunks,
@@ -116,6 +137,24 @@ class ShardsSource(Source):
                 "identity": identity,
             }
         return self._datasets[path]
+
+    def _chunks(self, store, parts: list[str], path: str, key: str):
+        """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
+        hold what the order reads at once: two windows of the largest chunks."""
+        if not store.remote:
+            return Chunks.of([store.where(rel) for rel in parts])
+        root = self.cache_dir or default_cache_dir()
+        directory = cache_directory(root, store.url, store.endpoint)
+        chunks = CachedChunks.of_store(store, parts, ChunkCache(directory, self.cache_limit))
+        least = 2 * self.window * int(chunks.nbytes.max(initial=0))
+        if self.cache_limit < least:
+            raise ValueError(
+                f"source.cache_limit={describe(self.cache_limit)} is smaller than the chunks {key} '{path}' is "
+                f"read from at once: 2 x source.window ({self.window}) x its largest chunk "
+                f"({describe(int(chunks.nbytes.max()))}) = {describe(least)}; raise source.cache_limit to at least "
+                f"that, or lower source.window"
+            )
+        return chunks
 
     @property
     def classes(self) -> list[str]:
@@ -153,7 +192,7 @@ class ShardsSource(Source):
             labels = dataset["labels"]
             counts = np.bincount(labels, minlength=len(self.classes))
             order = np.argsort(labels, kind="stable")
-            cache = cache_path("shards", os.path.basename(path), [path, dataset["identity"]], self.cache_dir)
+            cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
             subset = subset_for(
                 name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
             )
@@ -161,3 +200,15 @@ class ShardsSource(Source):
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+def _labels(store, rel: str) -> np.ndarray:
+    """Every sample's label from the sidecar's labels.npy (a local one is mapped, a remote one read whole)."""
+    name = f"{rel}/{LABELS}" if rel else LABELS
+    if not store.remote:
+        return np.load(store.where(name), mmap_mode="r")
+    return np.load(io.BytesIO(store.read(name)))
+
+
+def _basename(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) or "shards"

@@ -8,6 +8,7 @@ takes the endpoint down mid-pass. ``restart()`` brings it back on the same ports
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -87,7 +88,8 @@ class S3Server:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.config={identities}",
-            "-master.volumeSizeLimitMB=64",
+            "-master.volumeSizeLimitMB=32",
+            "-volume.max=64",  # each bucket is a collection of volumes of its own
             "-master.telemetry=false",
         ]
 
@@ -101,7 +103,7 @@ class S3Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"weed server exited ({self.process.returncode}): {self.log_tail()}")
             try:
-                self.client().list_buckets()
+                self._probe()
                 return self
             except Exception as err:  # not answering yet (connection refused, 503 while the filer starts)
                 if time.monotonic() > deadline:
@@ -109,14 +111,28 @@ class S3Server:
                     raise RuntimeError(f"weed server did not answer S3 in {timeout:.0f} s: {err}") from err
                 time.sleep(0.2)
 
+    def _probe(self) -> None:
+        """Ready: an object written at the first start reads back (after a restart, the volumes that hold
+        the data have registered again, not only the S3 front)."""
+        client = self.client()
+        if not getattr(self, "_probed", False):
+            with contextlib.suppress(
+                client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+            ):
+                client.create_bucket(Bucket="ready-probe")
+            client.put_object(Bucket="ready-probe", Key="probe", Body=b"ready")
+            self._probed = True
+        assert client.get_object(Bucket="ready-probe", Key="probe")["Body"].read() == b"ready"
+
     def stop(self) -> None:
-        """By its process id: SIGTERM, 3 s, then SIGKILL to its process group; waits until it is gone."""
+        """By its process id: SIGTERM, 1 s, then SIGKILL to its process group (weed lingers for seconds after
+        SIGTERM); waits until it is gone."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(3)
+            process.wait(1)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
@@ -143,10 +159,16 @@ class S3Server:
         )
 
     def new_bucket(self) -> str:
-        """A bucket of its own for one test."""
+        """A bucket of its own (each takes volumes of the server's: tests share one and take a prefix)."""
         name = f"t-{uuid.uuid4().hex[:12]}"
         self.client().create_bucket(Bucket=name)
         return name
+
+    def new_prefix(self) -> str:
+        """``s3://<the session's bucket>/<a prefix of its own>`` for one test."""
+        if not getattr(self, "bucket", None):
+            self.bucket = self.new_bucket()
+        return f"s3://{self.bucket}/{uuid.uuid4().hex[:12]}"
 
     def env(self) -> dict:
         """The standard variables that point boto3 (and LitData) at this server."""
@@ -156,3 +178,13 @@ class S3Server:
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_DEFAULT_REGION": REGION,
         }
+
+
+def upload_dir(server: S3Server, local, url: str) -> None:
+    """Every file under ``local`` to ``url/...`` (``s3://bucket/prefix``, as a user's ``aws s3 sync`` would)."""
+    client = server.client()
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    local = Path(local)
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")

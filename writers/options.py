@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
 from feedline.datasets.options import HDF5Options, LazyFolderOptions
+from feedline.datasets.sizes import parse_bytes
 
 MODES = ("encoded", "raw")
 MAX_SIDE = 65535  # JPEG's limit, and far beyond any image worth training on
@@ -21,7 +22,6 @@ FORMATS = ("hdf5", "shards")
 CHUNK_BYTES = 64 << 20  # shards: the default chunk size
 MAX_CHUNK_BYTES = 2 << 30  # a chunk's offsets are uint32, and a chunk closes one sample past its target
 MAX_PARTS = 99999  # part-0000K-of-0000N
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 @dataclass
@@ -82,19 +82,7 @@ class WriteOptions:
     def chunk_byte_count(self) -> int:
         """``out.chunk_bytes`` as a number of bytes."""
         value = CHUNK_BYTES if self.chunk_bytes is None else self.chunk_bytes
-        text = str(value).strip().lower().replace(" ", "")
-        number = text.rstrip("kmgib")
-        unit = text[len(number) :]
-        try:
-            count = int(float(number) * UNITS[unit]) if not isinstance(value, bool) else -1
-        except (ValueError, KeyError):
-            count = -1
-        if not 1000 <= count <= MAX_CHUNK_BYTES:
-            raise ValueError(
-                f"out.chunk_bytes={value!r} must be a size from 1KB to 2GiB: an integer, or a number with "
-                f"B, KB, MB, GB, KiB, MiB or GiB (out.chunk_bytes=256MB)"
-            )
-        return count
+        return parse_bytes(value, "out.chunk_bytes", 1000, MAX_CHUNK_BYTES, "256MB")
 
     def _check_hdf5(self, path: str) -> None:
         for key in ("chunk_bytes", "shuffle", "part", "parts"):

@@ -1,0 +1,271 @@
+"""Where a shards dataset lives: a local directory, or a prefix in object storage (``s3://bucket/prefix``).
+
+Both answer the few questions the shards reader asks (``exists``, ``children``, ``read``, ``sizes``,
+``fetch``) with paths relative to the dataset. Object storage goes through boto3, the standard AWS client:
+the endpoint, region and credentials come from the standard places (``AWS_*`` variables, ``~/.aws``, a
+profile) or from ``source.storage_options`` of this source alone, so two sources of one run can use two
+endpoints; ``http://`` and ``https://`` endpoints alike. Every error names the URL and what to do.
+Retries: bounded, with backoff (botocore's standard mode), and a chunk download that breaks mid-body goes on
+from the byte it reached; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import urlparse
+
+SCHEMES = ("s3",)
+OTHER_SCHEMES = ("gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
+STORAGE_OPTIONS = (
+    "endpoint_url",
+    "region_name",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "profile_name",
+    "verify",
+    "max_attempts",
+    "connect_timeout",
+    "read_timeout",
+)
+MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
+CREDENTIALS_HELP = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this source's own "
+    "source.storage_options.aws_access_key_id / aws_secret_access_key / profile_name"
+)
+ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this source's own source.storage_options.endpoint_url"
+
+
+def is_url(path) -> bool:
+    return "://" in str(path)
+
+
+class StoreError(RuntimeError):
+    """Object storage refused or could not be reached: the message names the URL and what to do."""
+
+
+class LocalStore:
+    """A dataset directory on a local (or network) filesystem."""
+
+    remote = False
+
+    def __init__(self, root: str):
+        self.root = str(root)
+
+    def where(self, rel: str = "") -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def exists(self, rel: str) -> bool:
+        return os.path.isfile(self.where(rel))
+
+    def children(self, rel: str = "") -> list[str]:
+        """The sub-directories of ``rel``, by name."""
+        path = self.where(rel)
+        return sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
+
+    def read(self, rel: str) -> bytes:
+        with open(self.where(rel), "rb") as f:
+            return f.read()
+
+    def __repr__(self) -> str:
+        return self.root
+
+
+class S3Store:
+    """A prefix of an S3 bucket (any S3 API: AWS, SeaweedFS, MinIO, Ceph, a lab's own gateway; Google Cloud
+    Storage through its S3-compatible endpoint). Pickles as its URL and options; each process makes its own
+    client (a boto3 client is not shared across fork)."""
+
+    remote = True
+
+    def __init__(self, url: str, storage_options: dict | None = None, key: str = "source.path"):
+        parsed = urlparse(str(url))
+        scheme = parsed.scheme.lower()
+        if scheme in OTHER_SCHEMES:
+            raise ValueError(
+                f"{key}={url}: {scheme}:// is not read directly; Google Cloud Storage through its S3 API "
+                f"(s3://bucket/prefix with source.storage_options.endpoint_url=https://storage.googleapis.com "
+                f"and HMAC keys), other stores through an S3 gateway"
+            )
+        if scheme not in SCHEMES or not parsed.netloc:
+            raise ValueError(f"{key}={url}: not a URL of the form s3://bucket/prefix")
+        self.url, self.key = str(url).rstrip("/"), key
+        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.options = dict(storage_options or {})
+        unknown = sorted(set(self.options) - set(STORAGE_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"source.storage_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
+            )
+        self._client, self._pid = None, None
+
+    def __getstate__(self):
+        return self.url, self.options, self.key
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    # -- paths ---------------------------------------------------------------------------------------------
+    def object_key(self, rel: str = "") -> str:
+        return "/".join(p for p in (self.prefix, rel.strip("/")) if p)
+
+    def where(self, rel: str = "") -> str:
+        return f"s3://{self.bucket}/{self.object_key(rel)}"
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.client().meta.endpoint_url)
+
+    def __repr__(self) -> str:
+        return self.url
+
+    # -- questions -----------------------------------------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        try:
+            self._call("head_object", rel, Bucket=self.bucket, Key=self.object_key(rel))
+            return True
+        except StoreError as err:
+            if getattr(err, "code", None) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def children(self, rel: str = "") -> list[str]:
+        prefix = self.object_key(rel)
+        prefix = prefix + "/" if prefix else ""
+        names, token = [], None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = self._call(
+                "list_objects_v2", rel, Bucket=self.bucket, Prefix=prefix, Delimiter="/", **extra
+            )
+            names += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return sorted(names)
+
+    def sizes(self, rel: str = "") -> dict[str, int]:
+        """Every object under ``rel`` (relative name -> bytes): one listing, to check chunks before a run."""
+        prefix = self.object_key(rel)
+        prefix = prefix + "/" if prefix else ""
+        out, token = {}, None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = self._call("list_objects_v2", rel, Bucket=self.bucket, Prefix=prefix, **extra)
+            out.update({o["Key"][len(prefix) :]: int(o["Size"]) for o in page.get("Contents", [])})
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+
+    def read(self, rel: str) -> bytes:
+        body = self._call("get_object", rel, Bucket=self.bucket, Key=self.object_key(rel))["Body"]
+        try:
+            return body.read()
+        except Exception as err:
+            raise self._error(err, rel) from err
+
+    def fetch(self, rel: str):
+        """A chunk cache's fetch for object ``rel``: its bytes written to a file object, in order; a body
+        that breaks off is requested again from the byte it reached (bounded attempts, with backoff)."""
+
+        def fetch(out) -> None:
+            done, attempt = 0, 0
+            while True:
+                extra = {"Range": f"bytes={done}-"} if done else {}
+                try:
+                    body = self._call(
+                        "get_object", rel, Bucket=self.bucket, Key=self.object_key(rel), **extra
+                    )
+                    for piece in body["Body"].iter_chunks(1 << 20):
+                        out.write(piece)
+                        done += len(piece)
+                    return
+                except StoreError:
+                    raise
+                except Exception as err:  # the body broke off (connection reset, read timeout)
+                    attempt += 1
+                    if attempt >= self._max_attempts():
+                        raise self._error(err, rel) from err
+                    time.sleep(min(8.0, 0.2 * 2**attempt))
+
+        return fetch
+
+    # -- boto3 -----------------------------------------------------------------------------------------------
+    def _max_attempts(self) -> int:
+        return int(self.options.get("max_attempts", MAX_ATTEMPTS))
+
+    def client(self):
+        if self._pid != os.getpid():
+            import boto3
+            from botocore.config import Config
+
+            o = self.options
+            session = boto3.session.Session(profile_name=o.get("profile_name"))
+            config = Config(
+                retries={"max_attempts": self._max_attempts(), "mode": "standard"},
+                connect_timeout=float(o.get("connect_timeout", CONNECT_TIMEOUT)),
+                read_timeout=float(o.get("read_timeout", READ_TIMEOUT)),
+            )
+            kwargs = {
+                k: o[k]
+                for k in (
+                    "endpoint_url",
+                    "region_name",
+                    "aws_access_key_id",
+                    "aws_secret_access_key",
+                    "aws_session_token",
+                    "verify",
+                )
+                if o.get(k) is not None
+            }
+            self._client, self._pid = session.client("s3", config=config, **kwargs), os.getpid()
+        return self._client
+
+    def _call(self, method: str, rel: str, **kwargs):
+        try:
+            return getattr(self.client(), method)(**kwargs)
+        except Exception as err:
+            raise self._error(err, rel) from err
+
+    def _error(self, err: Exception, rel: str) -> StoreError:
+        from botocore import exceptions as bx
+
+        url = self.where(rel)
+        try:
+            endpoint = self.endpoint
+        except Exception:  # no client at all (a profile that does not exist)
+            endpoint = self.options.get("endpoint_url") or "the default endpoint"
+        code = ""
+        if isinstance(err, bx.ClientError):
+            code = str(err.response.get("Error", {}).get("Code", ""))
+            status = str(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if (
+                code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403")
+                or status == "403"
+            ):
+                text = f"{url}: {endpoint} refused the credentials ({code or status}): {CREDENTIALS_HELP}"
+            elif code == "NoSuchBucket":
+                text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {ENDPOINT_HELP}"
+            elif code in ("404", "NoSuchKey", "NotFound"):
+                text = f"{url} does not exist at {endpoint}"
+            else:
+                text = f"{url}: {endpoint} answered {code or status}: {err}"
+        elif isinstance(err, bx.NoCredentialsError | bx.PartialCredentialsError):
+            text = f"{url}: no credentials found: {CREDENTIALS_HELP}"
+        elif isinstance(err, bx.ProfileNotFound):
+            text = f"{url}: {err}: set source.storage_options.profile_name (or AWS_PROFILE) to a profile of ~/.aws/config"
+        elif isinstance(err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
+            text = (
+                f"{url}: cannot reach {endpoint} after {self._max_attempts()} attempts with backoff ({type(err).__name__}); "
+                f"is it up? The endpoint: {ENDPOINT_HELP}"
+            )
+        elif (
+            isinstance(err, bx.InvalidEndpointDiscoveryConfigurationError | ValueError)
+            and "endpoint" in str(err).lower()
+        ):
+            text = f"{url}: invalid endpoint ({err}): {ENDPOINT_HELP}"
+        else:
+            text = f"{url}: {type(err).__name__}: {err}"
+        out = StoreError(text)
+        out.code = code
+        return out

@@ -1,0 +1,157 @@
+"""source=shards from object storage, against a real S3 server (SeaweedFS over http, tests/s3_server.py):
+streaming through the chunk cache, endpoints and credentials per source, and every fault named by URL."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import pytest
+
+from feedline.datasets.chunks import ChunkError
+from feedline.datasets.shards import ShardsSource
+from feedline.datasets.stores import StoreError
+from tests.helpers import simple_tree
+from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
+
+
+@pytest.fixture(scope="module")
+def local_shards(tmp_path_factory):
+    """A shards dataset of 30 images in many small chunks, written by feedline's writer."""
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import convert_source
+
+    tmp = tmp_path_factory.mktemp("shards")
+    tree = simple_tree(tmp / "tree", per_class=10)
+    source = FolderSource(tree, val_fraction=0, cache_dir=tmp / "c")
+    convert_source(
+        source, WriteOptions(path=str(tmp / "shards"), format="shards", chunk_bytes="2KB", workers=1)
+    )
+    return tmp / "shards"
+
+
+@pytest.fixture
+def remote(s3_server, local_shards):
+    """The same dataset uploaded to a bucket of its own: its URL."""
+    url = s3_server.new_prefix() + "/train"
+    upload_dir(s3_server, local_shards, url)
+    return url
+
+
+def local_classes(path) -> list[str]:
+    return ShardsSource(path, val_fraction=0).classes
+
+
+def options(server, **changes) -> dict:
+    base = {
+        "endpoint_url": server.endpoint,
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": SECRET_KEY,
+        "region_name": REGION,
+    }
+    return {**base, **changes}
+
+
+def remote_source(server, url, tmp_path, **kwargs) -> ShardsSource:
+    kwargs.setdefault("storage_options", options(server))
+    kwargs.setdefault("window", 2)
+    return ShardsSource(url, val_fraction=0, cache_dir=tmp_path / "cache", **kwargs)
+
+
+def test_a_url_streams_every_sample_of_the_local_dataset_and_pickles_small(
+    s3_server, remote, local_shards, tmp_path
+):
+    source = remote_source(s3_server, remote, tmp_path, cache_limit="200KB")
+    source.prepare()  # one listing: every chunk there with its size
+    local = ShardsSource(local_shards, val_fraction=0, cache_dir=tmp_path / "c2").split("train")
+    records = source.split("train")
+    assert source.classes == local_classes(local_shards) and len(records) == len(local) == 30
+    for i in range(30):
+        (image, label), (expected, expected_label) = records.chunks.read(i), local.chunks.read(i)
+        assert bytes(image) == bytes(expected) and label == expected_label
+    assert "s3://" in records.where(3) and records.where(3).endswith("]")
+    assert len(pickle.dumps(records)) < 4000  # URLs, sizes and settings: never the samples
+    assert records.chunks.cache.fetched()["chunks"] == len(records.chunks.files)
+
+
+def test_endpoint_and_credentials_come_from_the_environment_too(s3_server, remote, tmp_path, monkeypatch):
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    source = ShardsSource(remote, val_fraction=0, window=2, cache_dir=tmp_path / "cache")
+    assert len(source.split("train")) == 30
+
+
+def test_wrong_credentials_name_the_url_and_how_to_set_them(s3_server, remote, tmp_path):
+    with pytest.raises(
+        StoreError, match=r"s3://.*/train/index.json: .* refused the credentials .*AWS_ACCESS_KEY_ID"
+    ):
+        remote_source(
+            s3_server, remote, tmp_path, storage_options=options(s3_server, aws_secret_access_key="x")
+        )
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("s3://no-such-bucket-here/train", "bucket 'no-such-bucket-here' does not exist at http://127.0.0.1"),
+        ("{parent}/elsewhere", "is not a shards dataset: no index.json"),
+    ],
+    ids=["bucket", "prefix"],
+)
+def test_a_missing_bucket_or_prefix_is_named(s3_server, remote, tmp_path, where, said):
+    url = where.format(parent=remote.rsplit("/", 1)[0])
+    with pytest.raises((StoreError, FileNotFoundError), match=said):
+        remote_source(s3_server, url, tmp_path)
+
+
+def test_an_endpoint_that_is_down_at_start_is_named_after_bounded_retries(s3_server, remote, tmp_path):
+    started = time.monotonic()
+    down = options(s3_server, endpoint_url="http://127.0.0.1:9")  # nothing listens on port 9
+    with pytest.raises(
+        StoreError, match=r"cannot reach http://127.0.0.1:9 after 5 attempts .*AWS_ENDPOINT_URL"
+    ):
+        remote_source(s3_server, remote, tmp_path, storage_options=down)
+    assert time.monotonic() - started < 60  # never a hang
+
+
+def test_a_cache_limit_below_two_windows_of_chunks_is_refused_with_the_minimum(s3_server, remote, tmp_path):
+    with pytest.raises(
+        ValueError, match=r"source.cache_limit=5KB .* 2 x source.window \(2\) x its largest chunk"
+    ):
+        remote_source(s3_server, remote, tmp_path, cache_limit="5KB")
+
+
+def test_a_chunk_deleted_mid_run_is_named_with_its_url(s3_server, remote, tmp_path):
+    source = remote_source(s3_server, remote, tmp_path)
+    records = source.split("train")
+    records.chunks.read(0)
+    bucket, prefix = remote[len("s3://") :].split("/", 1)
+    last = records.chunks.files[-1]  # not read yet: not in the cache
+    s3_server.client().delete_object(Bucket=bucket, Key=f"{prefix}/{last}")
+    with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} could not be fetched: .* does not exist"):
+        records.chunks.read(len(records) - 1)
+    with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} is missing"):
+        source.prepare()
+    assert not [p for p in (tmp_path / "cache").rglob("*.part")]  # nothing half-fetched left behind
+
+
+def test_an_endpoint_stopped_mid_pass_is_named_and_leaves_no_partial_chunk(s3_server, remote, tmp_path):
+    records = remote_source(s3_server, remote, tmp_path).split("train")
+    records.chunks.read(0)
+    pid = s3_server.process.pid
+    s3_server.stop()  # by its process id
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, not left running
+    try:
+        started = time.monotonic()
+        with pytest.raises(
+            ChunkError, match=r"could not be fetched: .* cannot reach http://127.0.0.1:\d+ after"
+        ):
+            records.chunks.read(len(records) - 1)
+        assert time.monotonic() - started < 60
+    finally:
+        s3_server.start()
+    assert not [p for p in (tmp_path / "cache").rglob("*.part")]
+    assert records.chunks.read(len(records) - 1)  # back up: the pass goes on
