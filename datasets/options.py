@@ -78,4 +78,4 @@ class ShardsOptions:
     # a URL source.path (s3://bucket/prefix): its chunk cache's hard bound on disk, and boto3's settings for
     # this source alone (endpoint_url, region_name, aws_access_key_id, ..., profile_name; datasets/stores.py)
     cache_limit: Any = "20GB"
-    storage_options: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045
+    storage_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006

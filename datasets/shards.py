@@ -78,7 +78,7 @@ class ShardsSource(Source):
         window: int = _O.window,
         cache_dir: str | None = _O.cache_dir,
         cache_limit=_O.cache_limit,
-        storage_options: dict | None = _O.storage_options,
+        storage_options: dict | None = None,  # ShardsOptions: {}
     ):
         self.storage_options = dict(storage_options or {})
         self.path = self._location(path, "source.path")

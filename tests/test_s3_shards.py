@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from feedline.datasets.chunks import ChunkError
 from feedline.datasets.shards import ShardsSource
 from feedline.datasets.stores import StoreError
+from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
 
@@ -155,3 +158,83 @@ def test_an_endpoint_stopped_mid_pass_is_named_and_leaves_no_partial_chunk(s3_se
         s3_server.start()
     assert not [p for p in (tmp_path / "cache").rglob("*.part")]
     assert records.chunks.read(len(records) - 1)  # back up: the pass goes on
+
+
+def test_convert_writes_straight_to_a_url_that_train_reads(s3_server, tmp_path):
+    """convert.py out.path=s3://... from the command line, credentials and endpoint from the environment:
+    the same dataset as a local conversion, replaced whole by a second run."""
+    tree = simple_tree(tmp_path / "tree", per_class=6)
+    url = s3_server.new_prefix()
+    env = {**os.environ, **s3_server.env()}
+
+    def convert(out, *extra):
+        args = [
+            "source=folder",
+            f"source.root={tree}",
+            "out.format=shards",
+            f"out.path={out}",
+            "out.chunk_bytes=2KB",
+        ]
+        command = [sys.executable, "convert.py", *args, f"hydra.run.dir={tmp_path / 'hydra'}", *extra]
+        done = subprocess.run(command, cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    convert(url)
+    convert(tmp_path / "local")
+    ours = ShardsSource(
+        url, val_fraction=0, storage_options=options(s3_server), window=1, cache_dir=tmp_path / "c"
+    )
+    local = ShardsSource(tmp_path / "local", val_fraction=0, cache_dir=tmp_path / "c").split("train")
+    records = ours.split("train")
+    assert [bytes(records.chunks.read(i)[0]) for i in range(18)] == [
+        bytes(local.chunks.read(i)[0]) for i in range(18)
+    ]
+    convert(
+        url, "out.chunk_bytes=4KB", "out.seed=1"
+    )  # replaced whole: fewer chunks, no object of the first left
+    listed = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=url.split("/", 3)[3] + "/")
+    again = ShardsSource(
+        url, val_fraction=0, storage_options=options(s3_server), window=1, cache_dir=tmp_path / "c2"
+    )
+    names = {o["Key"].rsplit("/", 1)[1] for o in listed["Contents"]}
+    assert names == {*again.split("train").chunks.files, "index.json", "feedline.json", "labels.npy"}
+
+
+def test_an_upload_killed_before_its_last_files_never_reads_as_a_dataset(
+    s3_server, local_shards, monkeypatch, tmp_path
+):
+    from feedline.datasets.stores import S3Store
+    from feedline.writers import upload
+
+    url = s3_server.new_prefix()
+    store = S3Store(url, options(s3_server), "out.path")
+    real = store.client().upload_file
+
+    def dies_at_the_sidecar(path, bucket, key, **kw):
+        if key.endswith("feedline.json"):
+            raise KeyboardInterrupt  # killed here
+        return real(path, bucket, key, **kw)
+
+    monkeypatch.setattr(store.client(), "upload_file", dies_at_the_sidecar)
+    with pytest.raises(KeyboardInterrupt):
+        upload.upload(str(local_shards), store)
+    with pytest.raises(FileNotFoundError, match="is not a shards dataset: no index.json and feedline.json"):
+        remote_source(s3_server, url, tmp_path)
+    upload.check_remote_target(store, parts=False)  # what a killed upload leaves may be written over
+    monkeypatch.undo()
+    upload.upload(str(local_shards), S3Store(url, options(s3_server), "out.path"))
+    assert len(remote_source(s3_server, url, tmp_path).split("train")) == 30
+
+
+def test_a_prefix_holding_other_objects_is_never_written_into(s3_server, tmp_path):
+    from feedline.datasets.stores import S3Store
+    from feedline.writers.upload import check_remote_target
+
+    url = s3_server.new_prefix()
+    s3_server.client().put_object(
+        Bucket=s3_server.bucket, Key=url.split("/", 3)[3] + "/notes.txt", Body=b"mine"
+    )
+    with pytest.raises(
+        ValueError, match="holds other objects, not a shards dataset: it is never overwritten"
+    ):
+        check_remote_target(S3Store(url, options(s3_server), "out.path"), parts=False)

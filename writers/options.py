@@ -39,6 +39,8 @@ class WriteOptions:
     seed: int = 0  # shards: the seed of that order
     part: Optional[int] = None  # noqa: UP045 - shards: write part K of out.parts (out.path/part-0000K-of-0000N)
     parts: Optional[int] = None  # noqa: UP045 - shards: the number of parts the conversion is split into
+    # shards to a URL (out.path=s3://bucket/prefix): boto3's settings for it, as source.storage_options
+    storage_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
 
     def check(self) -> None:
         """Every ``out.*`` value in range, or an error naming its key, before any work starts."""
@@ -57,7 +59,7 @@ class WriteOptions:
         self._check_common()
 
     def _check_shards(self, path: str) -> None:
-        if os.path.isfile(os.path.expanduser(path)):
+        if "://" not in path and os.path.isfile(os.path.expanduser(path)):
             raise ValueError(
                 f"out.path={path} is a file: with out.format=shards it names a directory to write"
             )
@@ -91,6 +93,13 @@ class WriteOptions:
                     f"out.{key}={getattr(self, key)} is an option of out.format=shards; an HDF5 file keeps the "
                     f"source's order in one file (unset out.{key}, or set out.format=shards)"
                 )
+        if "://" in path:
+            raise ValueError(
+                f"out.path={path}: an HDF5 file is written to a local (or network) path; to write to object "
+                f"storage, set out.format=shards"
+            )
+        if self.storage_options:
+            raise ValueError("out.storage_options is an option of out.format=shards written to a URL")
         if path.endswith(("/", os.sep)) or os.path.isdir(os.path.expanduser(path)):
             raise ValueError(
                 f"out.path={path} is a directory: name the HDF5 file to write (out.path={path.rstrip('/')}/train.h5), "

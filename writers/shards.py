@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
+import tempfile
 import time
 import traceback
 
@@ -31,24 +33,36 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, part_name
+from feedline.datasets.stores import S3Store, is_url
 from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
 from feedline.writers.lock import writer_lock
 from feedline.writers.options import WriteOptions
+from feedline.writers.upload import check_remote_target, upload
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
 
 
 def output_dir(options: WriteOptions) -> str:
-    """The directory this conversion writes: ``out.path``, or its part's folder in it."""
+    """The directory (or URL) this conversion writes: ``out.path``, or its part's folder in it."""
+    if is_url(options.path):
+        url = str(options.path).rstrip("/")
+        return f"{url}/{part_name(options.part, options.parts)}" if options.parts is not None else url
     path = os.path.abspath(os.path.expanduser(str(options.path)))
     return os.path.join(path, part_name(options.part, options.parts)) if options.parts is not None else path
+
+
+def remote_store(options: WriteOptions) -> S3Store:
+    return S3Store(output_dir(options), options.storage_options, "out.path")
 
 
 def check_target(options: WriteOptions) -> str:
     """The output directory, once writing it cannot overwrite anything but an earlier shards dataset."""
     target = output_dir(options)
+    if is_url(target):
+        check_remote_target(remote_store(options), options.parts is not None)
+        return target
     if options.parts is not None and os.path.isfile(os.path.join(os.path.dirname(target), "index.json")):
         raise ValueError(
             f"out.path={os.path.dirname(target)} holds a whole shards dataset: its parts go elsewhere "
@@ -68,7 +82,7 @@ def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
     target = check_target(options)
     with _locked(target, lock):
         source.prepare()
-        return _write(source.split("all"), source.classes, options, target, repr(source))
+        return _write_to(source.split("all"), source.classes, options, target, repr(source))
 
 
 def convert(
@@ -77,11 +91,29 @@ def convert(
     options.check()
     target = check_target(options)
     with _locked(target, lock):
+        return _write_to(records, classes, options, target, description)
+
+
+def _write_to(records, classes, options: WriteOptions, target: str, description: str) -> dict:
+    """Write locally; a URL's dataset is written in a local scratch directory (``$TMPDIR``), then uploaded
+    whole (``upload.py``)."""
+    if not is_url(target):
         return _write(records, classes, options, target, description)
+    with tempfile.TemporaryDirectory(prefix="feedline-shards-") as scratch:
+        summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description)
+        summary["bytes"] = upload(summary["path"], remote_store(options))
+        summary["path"] = target
+        if summary["report"]:
+            summary["report"] = f"{target}/skipped.tsv"
+        return summary
 
 
 @contextlib.contextmanager
 def _locked(target: str, lock: bool):
+    """One conversion at a time per output (on this machine, for a URL: a lock file under the temp dir)."""
+    if is_url(target):
+        digest = hashlib.blake2b(target.encode(), digest_size=8).hexdigest()
+        target = os.path.join(tempfile.gettempdir(), f"feedline-upload-{digest}")
     with writer_lock(target, "conversion", "out.path") if lock else contextlib.nullcontext():
         yield
 
