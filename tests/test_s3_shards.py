@@ -238,3 +238,30 @@ def test_a_prefix_holding_other_objects_is_never_written_into(s3_server, tmp_pat
         ValueError, match="holds other objects, not a shards dataset: it is never overwritten"
     ):
         check_remote_target(S3Store(url, options(s3_server), "out.path"), parts=False)
+
+
+@pytest.mark.parametrize("switch", [False, True], ids=["as-shipped", "allow_http"])
+def test_litdata_reads_an_http_endpoint_only_with_its_private_allow_http_switch(
+    s3_server, remote, tmp_path, switch
+):
+    """Pins what the benchmark's LitData anchor leans on (benchmarks/litdata_http.py): if a LitData release
+    reads http:// endpoints as shipped, or drops the private switch, this fails and the workaround goes."""
+    from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY
+
+    command = [
+        sys.executable,
+        str(ROOT_DIR / "benchmarks" / "litdata_http.py"),
+        remote,
+        s3_server.endpoint,
+        ACCESS_KEY,
+        SECRET_KEY,
+        REGION,
+        str(tmp_path / "litdata-cache"),
+        *(["--allow-http"] if switch else []),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if switch:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["30", "30"]  # every sample, through its loader's two workers
+    else:
+        assert done.returncode != 0 and "BadScheme" in done.stderr + done.stdout, done.stderr[-3000:]
