@@ -75,3 +75,16 @@ class ShardsOptions:
         8  # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py)
     )
     cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays are kept
+
+
+@dataclass
+class WdsOptions:
+    _target_: str = "feedline.datasets.wds.WdsSource"
+    path: str = REQUIRED  # WebDataset tars: a directory of *.tar, one tar, or shards-{000000..000009}.tar
+    val_path: Optional[str] = None  # noqa: UP045 - other tars for validation (the same forms)
+    val_fraction: float = 0.1  # else: a seeded, per-class share held out for val
+    test_path: Optional[str] = None  # noqa: UP045 - other tars for trainer.test
+    test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
+    seed: int = 0
+    label_key: str = "label"  # the field of <key>.json holding the label (a <key>.cls is read first)
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the tar index and the split arrays are kept
