@@ -94,6 +94,7 @@ def test_every_sample_reads_with_its_label_splits_stratify_and_records_pickle_sm
         2,
     ]
     assert sorted([train.row(i) for i in range(24)] + [val.row(i) for i in range(6)]) == list(range(30))
+    train[0]  # noqa: B018 - a tar now open in this process
     again = pickle.loads(pickle.dumps(train))
     assert len(pickle.dumps(train)) < 2000 and again._fds == {}  # paths and numbers; tars opened where read
     assert bytes(again[5][0]) == bytes(train[5][0]) and again[5][1] == train[5][1]
@@ -185,11 +186,19 @@ def test_source_label_key_reads_another_json_field(tmp_path):
     assert source.classes == ["0", "1"] and [source.split("all")[i][1] for i in range(4)] == [0, 1, 0, 1]
 
 
+def _last_header(raw: bytes) -> int:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        return tar.getmembers()[-1].offset
+
+
 @pytest.mark.parametrize(
     "damage, said",
     [
         (lambda raw: raw[: len(raw) // 2], "not a complete tar"),  # cut in an image
-        (lambda raw: raw[: 512 * 3 + 100], "not a complete tar"),  # cut in a header
+        (lambda raw: raw[: _last_header(raw) + 100], "not a complete tar"),  # cut in a header
         (lambda raw: raw[:1024] + os.urandom(512) + raw[1536:], "not a complete tar"),  # a garbled header
         (gzip.compress, "gzip-compressed"),
     ],
@@ -201,6 +210,17 @@ def test_a_truncated_corrupt_or_compressed_tar_is_refused_naming_it(tmp_path, da
     with pytest.raises(TarError, match=said) as err:
         WdsSource(str(tmp_path / "tars"), cache_dir=str(tmp_path / "c")).prepare()
     assert str(bad) in str(err.value)
+
+
+def test_a_tar_cut_between_samples_is_read_with_a_warning(tmp_path, caplog):
+    written = wds_tars(tmp_path / "tars", tars=1, per_tar=4)
+    tar = tmp_path / "tars" / "shards-000000.tar"
+    tar.write_bytes(tar.read_bytes()[: _last_header(tar.read_bytes())])  # the last sample's label is gone
+    with caplog.at_level(logging.WARNING):
+        records = WdsSource(str(tar), val_fraction=0, cache_dir=str(tmp_path / "c")).split("all")
+    assert len(records) == 3 and bytes(records[2][0]) == written[2]["image"]
+    assert f"{tar} ends without tar's end-of-archive marker" in caplog.text
+    assert f"{tar}: {written[3]['key']} (no label" in caplog.text
 
 
 def test_a_tar_changed_after_it_was_indexed_stops_the_reader(tmp_path):
