@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import tarfile
 
 from feedline.datasets.listing import IMG_EXTENSIONS
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = tuple(e.lstrip(".") for e in IMG_EXTENSIONS)  # a sample's image: the first it has
 BLOCK = 512  # tar's block: a header, and the unit of the end-of-archive marker
@@ -89,8 +92,6 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
-                if member.offset_data + member.size > size:
-                    raise tarfile.ReadError(f"{member.name} ends past the end of the file")
                 named = split_name(member.name) if member.isfile() else None
                 if named:
                     groups.setdefault(named[0], {}).setdefault(named[1], member)
@@ -112,11 +113,16 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
 
 def _check_end(tar: tarfile.TarFile, path: str, size: int) -> None:
     """``tarfile`` ends a listing quietly at a header it cannot read (garbage, or cut short): what follows
-    the last member must be the end-of-archive marker (zero blocks), or nothing."""
+    the last member must be the end-of-archive marker (zero blocks), or nothing (then only whole samples
+    can be missing: a warning says so)."""
     tar.fileobj.seek(tar.offset)
     tail = tar.fileobj.read(BLOCK)
     if tail.strip(b"\0"):
         raise tarfile.ReadError(f"an unreadable header at byte {tar.offset} of {size}")
+    if not tail and tar.offset:
+        log.warning(
+            "%s ends without tar's end-of-archive marker: it may have been cut short between samples", path
+        )
 
 
 def _label(tar: tarfile.TarFile, members: dict, label_key: str) -> tuple[int | str | None, str | None]:
