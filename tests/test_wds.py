@@ -160,6 +160,7 @@ def test_samples_without_an_image_or_a_label_are_left_out_and_named(tmp_path, ca
             "noimage": {"cls": b"0", "txt": b"a caption"},
             "badcls": {"png": PNG, "cls": b"cat"},
             "nofield": {"png": PNG, "json": b'{"caption": "x"}'},
+            "negative": {"png": PNG, "cls": b"-1"},
             "also": {"png": PNG, "json": b'{"label": 0}'},
         },
     )
@@ -167,12 +168,13 @@ def test_samples_without_an_image_or_a_label_are_left_out_and_named(tmp_path, ca
         records = WdsSource(tar, val_fraction=0, cache_dir=str(tmp_path / "c")).split("all")
     assert [records.describe(i) for i in range(len(records))] == [f"{tar}:good.jpg", f"{tar}:also.png"]
     assert [records[i][1] for i in range(2)] == [1, 0]
-    assert "4 sample(s) left out" in caplog.text
+    assert "5 sample(s) left out" in caplog.text
     for key, why in [
         ("nolabel", "no label: no .cls or .json"),
         ("noimage", "no image"),
         ("badcls", ".cls holds 'cat', not a class number"),
         ("nofield", ".json has no 'label' (source.label_key)"),
+        ("negative", "negative label -1"),
     ]:
         assert f"{tar}: {key} ({why}" in caplog.text
 
