@@ -10,6 +10,7 @@ share (``splits.py``). ``convert.py source=wds ...`` writes them as shards or HD
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -39,8 +40,9 @@ class WdsRecords(Records):
         return {**self.__dict__, "_fds": {}}  # descriptors stay in their process
 
     def __del__(self):
-        for fd in getattr(self, "_fds", {}).values():
-            os.close(fd)
+        with contextlib.suppress(Exception):  # at interpreter exit, os may already be torn down
+            for fd in self._fds.values():
+                os.close(fd)
 
     @property
     def total(self) -> int:
