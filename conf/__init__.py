@@ -12,7 +12,13 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     from feedline.datamodules.options import DataConfig
-    from feedline.datasets.options import FolderOptions, HDF5Options, LazyFolderOptions, ShardsOptions
+    from feedline.datasets.options import (
+        FolderOptions,
+        HDF5Options,
+        LazyFolderOptions,
+        ShardsOptions,
+        WdsOptions,
+    )
     from feedline.diagnostics.options import BenchOptions
     from feedline.writers.options import ConvertedHDF5Options, LaidOutLazyFolderOptions, WriteOptions
 
@@ -25,6 +31,7 @@ def register() -> None:
         "lazy_folder": LazyFolderOptions,
         "hdf5": HDF5Options,
         "shards": ShardsOptions,
+        "wds": WdsOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

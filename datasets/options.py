@@ -79,3 +79,16 @@ class ShardsOptions:
     # this source alone (endpoint_url, region_name, aws_access_key_id, ..., profile_name; datasets/stores.py)
     cache_limit: Any = "20GB"
     storage_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+
+
+@dataclass
+class WdsOptions:
+    _target_: str = "feedline.datasets.wds.WdsSource"
+    path: str = REQUIRED  # WebDataset tars: a directory of *.tar, one tar, or shards-{000000..000009}.tar
+    val_path: Optional[str] = None  # noqa: UP045 - other tars for validation (the same forms)
+    val_fraction: float = 0.1  # else: a seeded, per-class share held out for val
+    test_path: Optional[str] = None  # noqa: UP045 - other tars for trainer.test
+    test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
+    seed: int = 0
+    label_key: str = "label"  # the field of <key>.json holding the label (a <key>.cls is read first)
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the tar index and the split arrays are kept

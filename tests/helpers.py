@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
+import tarfile
 import time
 
 import numpy as np
@@ -57,3 +59,36 @@ def console_script(name: str) -> str:
     path = os.path.join(os.path.dirname(sys.executable), name)
     assert os.path.exists(path), f"{name} is not installed: run `make install` (pip install -e .)"
     return path
+
+
+def write_tar(path, samples: dict[str, dict[str, bytes]]) -> str:
+    """A WebDataset tar at ``path``: ``samples`` maps a key to its members' extensions and bytes, in order."""
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def wds_tars(directory, tars: int = 2, per_tar: int = 6, classes: int = 3, label: str = "cls") -> list[dict]:
+    """``tars`` WebDataset shards ``shards-00000{k}.tar`` in ``directory``, ``per_tar`` samples each, PNG and
+    JPEG images in turn, labelled by ``<key>.cls`` (class numbers) or ``<key>.json`` (``{"label": name}``,
+    names ``c0``, ``c1``, ...). Returns every sample as {tar, key, image, label}, in order."""
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for t in range(tars):
+        path, samples = os.path.join(str(directory), f"shards-{t:06d}.tar"), {}
+        for i in range(per_tar):
+            key, ext, c = f"{t:02d}{i:05d}", ("png", "jpg")[i % 2], (t * per_tar + i) % classes
+            image = image_bytes(f".{ext}", seed=t * 1000 + i)
+            tag = (
+                {"cls": str(c).encode()}
+                if label == "cls"
+                else {"json": json.dumps({"label": f"c{c}"}).encode()}
+            )
+            samples[key] = {ext: image, **tag}
+            written.append({"tar": path, "key": key, "image": image, "label": c})
+        write_tar(path, samples)
+    return written

@@ -78,6 +78,11 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             WriteOptions(path=str(path), format="shards", workers=1),
         )
         return ["source=shards", f"source.path={path}"]
+    if option == "wds":
+        from tests.helpers import wds_tars
+
+        wds_tars(tmp_path / "tars")
+        return ["source=wds", f"source.path={tmp_path / 'tars'}"]
     return [f"source={option}", f"source.root={tree}"]
 
 

@@ -7,7 +7,9 @@ process sees, split train/val/test disjointly and by seed, and follow the bad-sa
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import pickle
 import re
 
@@ -20,12 +22,13 @@ from feedline.datamodules.samples import BadSampleError, SampleDataset
 from feedline.datasets.folder import FolderSource
 from feedline.datasets.hdf5 import HDF5Source
 from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.datasets.wds import WdsSource
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.lazy_layout import layout
 from feedline.writers.options import HDF5WriteOptions
-from tests.helpers import make_tree, simple_tree
+from tests.helpers import make_tree, simple_tree, write_tar
 
-KINDS = ("folder", "lazy_folder", "hdf5", "hdf5_raw")
+KINDS = ("folder", "lazy_folder", "hdf5", "hdf5_raw", "wds")
 PER_CLASS = 10
 
 
@@ -44,6 +47,15 @@ def make_source(kind: str, tmp_path, corrupt: int | None = None, counts: dict | 
     elif kind == "lazy_folder":
         layout(tree, str(tmp_path / "lazy"), cache_dir=str(cache))
         source = LazyFolderSource(tmp_path / "lazy", cache_dir=cache, **options)
+    elif kind == "wds":  # the tree as one WebDataset tar, in its order: <class>/<name>.png + .json
+        samples = {}
+        for c in sorted(os.listdir(tree)):
+            for name in sorted(os.listdir(os.path.join(tree, c))):
+                with open(os.path.join(tree, c, name), "rb") as f:
+                    samples[f"{c}/{name[:-4]}"] = {"png": f.read(), "json": json.dumps({"label": c}).encode()}
+        if corrupt is not None:
+            list(samples.values())[corrupt]["png"] = b"not an image at all"
+        source = WdsSource(write_tar(tmp_path / "tree.tar", samples), cache_dir=cache, **options)
     else:
         out = HDF5WriteOptions(path=str(tmp_path / f"{kind}.h5"), workers=1)
         if kind == "hdf5_raw":
@@ -126,7 +138,7 @@ def test_a_source_without_a_test_split_says_which_keys_make_one(kind, tmp_path):
         source.split("test")
 
 
-@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5"])
+@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5", "wds"])
 def test_a_class_the_held_out_shares_would_empty_keeps_a_training_sample_and_is_named(kind, tmp_path, caplog):
     counts = {"big": 10, "pair": 2, "one": 1}
     source = make_source(kind, tmp_path, counts=counts, val_fraction=0.3, test_fraction=0.3, seed=1)
@@ -161,7 +173,7 @@ def test_held_out_shares_must_leave_something_to_train_on(val, test, tmp_path):
         FolderSource(tree, val_fraction=val, test_fraction=test)
 
 
-@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5"])  # raw rows are never decoded
+@pytest.mark.parametrize("kind", ["folder", "lazy_folder", "hdf5", "wds"])  # raw rows are never decoded
 def test_bad_sample_is_named_and_skipped_or_raised(kind, tmp_path, caplog):
     source = make_source(kind, tmp_path, corrupt=4, val_fraction=0)
     records = source.split("train")
