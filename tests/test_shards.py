@@ -360,3 +360,45 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
     full = digests(loaders(1, 4)[0])
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(full[2:], rest))
     assert len(rest) == len(full) - 2
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (
+            "source.window=1",
+            r"'window 2 over (\d+) chunks \(\w+\)' then, 'window 1 over \1 chunks \(\w+\)' now",
+        ),
+        (
+            "out.chunk_bytes=1KB",
+            r"'window 2 over \d+ chunks \(\w+\)' then, 'window 2 over \d+ chunks \(\w+\)' now",
+        ),
+    ],
+)
+def test_a_resume_in_another_chunk_order_is_refused_by_name(make_cfg, tmp_path, change, said):
+    """The order depends on source.window and the chunks too: a resume that draws another one would read
+    samples twice and miss others, so it is refused like a changed seed, even with the same split."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datasets.shards import ShardsSource
+    from tests.test_resume import digests, world_loaders
+
+    tree = simple_tree(tmp_path / "tree", per_class=8)
+    _convert(make_cfg, tree, tmp_path / "shards")
+
+    def loader(path, window):
+        source = ShardsSource(path, val_fraction=0, window=window, cache_dir=tmp_path / "c")
+        return world_loaders(source, tree, 1, 4)[0]
+
+    first = loader(tmp_path / "shards", 2)
+    digests(first, 2)
+    state = first.state_dict()
+    _convert(make_cfg, tree, tmp_path / "again")  # the same samples in the same chunks: the same order
+    loader(tmp_path / "again", 2).load_state_dict(state)
+    if change == "source.window=1":
+        other = loader(tmp_path / "shards", 1)
+    else:
+        _convert(make_cfg, tree, tmp_path / "other", change)
+        other = loader(tmp_path / "other", 2)
+    assert other.checks["split"] == first.checks["split"]  # the same rows: only the order differs
+    with pytest.raises(ResumeError, match=rf"train order \(source.window over the shards' chunks\) {said}"):
+        other.load_state_dict(state)
