@@ -9,7 +9,8 @@ A resume is refused (``data.resume=strict``) or warned about (``lenient``) when:
 - it stands elsewhere than Lightning's own progress counters, which the same checkpoint restores
   (``lightning_position``): the loader would replay or skip samples while Lightning counts on;
 - what the order is made of changed: the data, the train split (which rows, drawn with which seed and
-  fractions), a source's own order (shards: the window and the chunks), the seed, ``data.drop_last``.
+  fractions), the seed, ``data.drop_last``, and what a source's own order draws from (shards: the window and
+  the chunks, ``records.order_identity()``).
 
 The world size and the per-device batch size may change (``ELASTIC``): the samples consumed are a prefix of
 the epoch's order whatever the world that read them, so a new world reads the rest once. Standard library only.
@@ -30,8 +31,8 @@ CHECKED = {
     "samples": "training samples",
     "classes": "classes",
     "split": "train split (digest of its sample rows)",
-    "order": "the source's own order (shards: source.window and the chunks)",
     "split_seed": "source.seed",
+    "order": "train order (source.window over the shards' chunks)",
     "val_fraction": "source.val_fraction",
     "test_fraction": "source.test_fraction",
     "batch_size": "data.batch_size (per device)",

@@ -55,8 +55,10 @@ class TrainLoader:
             digest = getattr(dataset.records, "digest", None)
             self._train_digest = digest() if callable(digest) else ""
         counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
-        order_id = getattr(dataset.records, "order_id", None)  # a source that brings its own order
-        counts["order"] = order_id() if callable(order_id) else None
+        identity = getattr(
+            dataset.records, "order_identity", None
+        )  # a source's own order: what it draws from
+        counts["order"] = identity() if callable(identity) else None
         return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
 
     def _fit_progress(self) -> tuple[int, int] | None:

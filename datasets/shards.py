@@ -47,20 +47,24 @@ class ShardsRecords(Records):
     def where(self, row: int) -> str:
         return self.chunks.where(row)
 
-    def order_id(self) -> str:
-        """What the epoch order is made of besides (seed, epoch) and the split's rows: the window and the
-        chunks' sizes. A resume refuses a checkpoint whose order was another (the samples consumed would be
-        other samples)."""
-        sizes = hashlib.blake2b(np.ascontiguousarray(self.chunks.sizes, dtype=np.int64).data, digest_size=4)
-        return f"source.window={self.window}, {len(self.chunks.files)} chunks ({sizes.hexdigest()})"
+    def _bounds(self) -> np.ndarray:
+        """Chunk c holds this split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted)."""
+        rows = self.subset.array if self.subset is not None else None
+        starts = self.chunks.starts
+        return starts if rows is None else np.searchsorted(rows, starts)
+
+    def order_identity(self) -> str:
+        """What ``epoch_order`` draws from besides (seed, epoch): the window and how the split's samples lie in
+        the chunks. A resume checks it (``resume_checks.py``): another window, or the same samples converted
+        into other chunks, is another order, whose rest would repeat some consumed samples and miss others."""
+        bounds = np.ascontiguousarray(self._bounds(), dtype=np.int64)
+        digest = hashlib.blake2b(bounds.data, digest_size=6).hexdigest()
+        return f"window {self.window} over {len(bounds) - 1} chunks ({digest})"
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled
         within windows of ``window`` chunks (``chunk_order.py``)."""
-        rows = self.subset.array if self.subset is not None else None
-        starts = self.chunks.starts
-        bounds = starts if rows is None else np.searchsorted(rows, starts)  # a split's rows are sorted
-        return chunk_order(bounds, self.window, seed, epoch)
+        return chunk_order(self._bounds(), self.window, seed, epoch)
 
 
 class ShardsSource(Source):

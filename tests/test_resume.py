@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from torchvision.transforms import v2
 
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.resume import EpochSampler, ResumeError
+from feedline.datasets.chunks import Chunks, dataset_dirs
 from feedline.datasets.folder import FolderSource
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.stacks import TransformStacks
@@ -383,29 +385,63 @@ def batches(path) -> dict[tuple[int, int], str]:
     return seen
 
 
+def source_options(source: str, tmp_path, tree: str) -> list[str]:
+    """train.py's overrides that read ``tree`` through ``source``: ``folder``, or ``shards`` that convert.py
+    writes from it, in several chunks, read in the chunk-aware order one chunk at a time (source.window=1)."""
+    if source == "folder":
+        return ["source=folder", f"source.root={tree}"]
+    out = tmp_path / "shards"
+    convert = [
+        sys.executable,
+        "convert.py",
+        "source=folder",
+        f"source.root={tree}",
+        "out.format=shards",
+        f"out.path={out}",
+        "out.chunk_bytes=2KB",  # about four images a chunk
+        "out.workers=1",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'convert'}",
+    ]
+    written = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
+    assert written.returncode == 0, written.stderr[-3000:]
+    assert len(shard_chunks(out).files) >= 8
+    return ["source=shards", f"source.path={out}", "source.window=1"]
+
+
+def shard_chunks(path) -> Chunks:
+    return Chunks.of(dataset_dirs(str(path)))
+
+
+SOURCES = ["folder", "shards"]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize(
     "setup, every, kill, ranks",
     [
         (
             ["data.num_workers=2"],
             4,
-            30,
+            19,
             1,
-        ),  # 23 steps an epoch: killed at epoch 1, batch 7; resumes from step 28
+        ),  # 12 steps an epoch: killed at epoch 1, batch 6; resumes from step 16
         (
             ["trainer=ddp_sim", "data.num_workers=1"],
             3,
-            17,
+            10,
             2,
-        ),  # 12 steps an epoch per rank: killed at epoch 1, batch 5
+        ),  # 6 steps an epoch per rank: killed at epoch 1, batch 3; resumes from step 9
     ],
     ids=["one-process-2-workers", "ddp_sim"],
 )
 def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run(
-    tmp_path, setup, every, kill, ranks
+    tmp_path, source, setup, every, kill, ranks
 ):
-    options = [*setup, f"callbacks.model_checkpoint.every_n_train_steps={every}"]
+    tree = simple_tree(tmp_path / "tree", per_class=20)  # 48 train samples, batches of 4
+    data = [*source_options(source, tmp_path, tree), "source.val_fraction=0.2", "transforms=digits"]
+    options = [*data, *setup, "data.batch_size=4", f"callbacks.model_checkpoint.every_n_train_steps={every}"]
     reference = train(tmp_path, "reference", "reference", *options)
     assert reference.returncode == 0, reference.stderr[-3000:]
     killed = train(tmp_path, "run", "run", *options, kill_after_step=kill)
@@ -417,10 +453,11 @@ def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run
     assert "dataloader is not resumable" not in resumed.stderr  # Lightning sees a stateful loader
     for rank in range(ranks):
         expected = batches(tmp_path / f"reference.rank{rank}")
+        assert len(expected) == 2 * 12 // ranks  # two whole epochs
         assert batches(tmp_path / f"run.rank{rank}") == expected
         lines = (tmp_path / f"run.rank{rank}").read_text().splitlines()
         replayed = len(lines) - len(expected)
-        assert 0 <= replayed < every  # the resume replays at most the steps after the last checkpoint
+        assert 0 < replayed < every  # the resume replays the steps after the last checkpoint, no more
 
 
 def metric_rows(path) -> list[dict]:
@@ -686,23 +723,23 @@ def samples_read(record, ranks: int) -> dict[int, list[tuple[int, int, int, str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("before", "before_ranks", "after", "after_ranks"),
+    ("source", "before", "before_ranks", "after", "after_ranks"),
     [
-        (["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
-        (["data.batch_size=4"], 1, ["trainer=ddp_sim", "data.batch_size=3"], 2),
+        ("folder", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
+        ("folder", ["data.batch_size=4"], 1, ["trainer=ddp_sim", "data.batch_size=3"], 2),
+        ("shards", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
     ],
-    ids=["2-ranks-to-1", "1-rank-to-2"],
+    ids=["2-ranks-to-1", "1-rank-to-2", "shards-2-ranks-to-1"],
 )
 def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
-    tmp_path, before, before_ranks, after, after_ranks
+    tmp_path, source, before, before_ranks, after, after_ranks
 ):
     """kill -9 after step 4 (last.ckpt at step 3), resumed on another number of processes with another batch
     size: the interrupted epoch reads every sample once, each with its uninterrupted augmentation, and the
     next epoch is the one a run started on the new world reads."""
     tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(40)], per_class=1)
     data = [
-        "source=folder",
-        f"source.root={tree}",
+        *source_options(source, tmp_path, tree),
         "source.val_fraction=0",
         "transforms=digits",
         "data.num_workers=1",
@@ -731,6 +768,23 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     assert len({sum(r[0] == 0 for r in rank) for rank in rest.values()}) == 1  # equal shares per rank
     for rank in range(after_ranks):  # the next epoch: the very batches of a run started on this world
         assert [r for r in rest[rank] if r[0] == 1] == [r for r in ref[rank] if r[0] == 1]
+    if source == "shards":
+        assert_read_chunk_by_chunk(tmp_path / "shards", ref[0])
+
+
+def assert_read_chunk_by_chunk(shards, records) -> None:
+    """The epochs of ``records`` (one rank's, of a one-image-per-class dataset read with source.window=1)
+    read the shards in the chunk-aware order: each chunk's samples one after another, the chunks in another
+    order each epoch. A plain permutation of the samples would hop from chunk to chunk at almost every one."""
+    chunks = shard_chunks(shards)
+    row_of = np.argsort(np.load(Path(shards) / "labels.npy"))  # label -> row: one sample a class
+    runs = []
+    for epoch in (0, 1):
+        read = chunks.chunk_of(row_of[[label for e, _, label, _ in records if e == epoch]])
+        starts = np.flatnonzero(np.diff(read, prepend=-1))
+        assert len(starts) == len(chunks.files), f"epoch {epoch} read chunks {read.tolist()}"
+        runs.append(read[starts].tolist())
+    assert runs[0] != runs[1]
 
 
 @pytest.mark.parametrize("consumed", [39, 4, 13])

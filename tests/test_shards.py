@@ -362,24 +362,43 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
     assert len(rest) == len(full) - 2
 
 
-def test_a_resume_with_another_window_or_other_chunks_is_refused_by_name(make_cfg, tmp_path):
-    """The window and the chunks make the order: a position counted in one order would skip and repeat
-    samples in another, so the state records them and a strict resume names the change."""
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (
+            "source.window=1",
+            r"'window 2 over (\d+) chunks \(\w+\)' then, 'window 1 over \1 chunks \(\w+\)' now",
+        ),
+        (
+            "out.chunk_bytes=1KB",
+            r"'window 2 over \d+ chunks \(\w+\)' then, 'window 2 over \d+ chunks \(\w+\)' now",
+        ),
+    ],
+)
+def test_a_resume_in_another_chunk_order_is_refused_by_name(make_cfg, tmp_path, change, said):
+    """The order depends on source.window and the chunks too: a resume that draws another one would read
+    samples twice and miss others, so it is refused like a changed seed, even with the same split."""
     from feedline.datamodules.resume_checks import ResumeError
     from feedline.datasets.shards import ShardsSource
     from tests.test_resume import digests, world_loaders
 
-    tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(12)], per_class=1)
-    _convert(make_cfg, tree, tmp_path / "shards", "out.chunk_bytes=1KB")
+    tree = simple_tree(tmp_path / "tree", per_class=8)
+    _convert(make_cfg, tree, tmp_path / "shards")
 
-    def loader(window):
-        source = ShardsSource(tmp_path / "shards", val_fraction=0, window=window, cache_dir=tmp_path / "c")
-        return world_loaders(source, tree, 1, 3)[0]
+    def loader(path, window):
+        source = ShardsSource(path, val_fraction=0, window=window, cache_dir=tmp_path / "c")
+        return world_loaders(source, tree, 1, 4)[0]
 
-    first = loader(2)
+    first = loader(tmp_path / "shards", 2)
     digests(first, 2)
     state = first.state_dict()
-    assert state["order"].startswith("source.window=2, ")
-    loader(2).load_state_dict(state)  # the same order: fine
-    with pytest.raises(ResumeError, match=r"source.window=2, .* then, 'source.window=3, "):
-        loader(3).load_state_dict(state)
+    _convert(make_cfg, tree, tmp_path / "again")  # the same samples in the same chunks: the same order
+    loader(tmp_path / "again", 2).load_state_dict(state)
+    if change == "source.window=1":
+        other = loader(tmp_path / "shards", 1)
+    else:
+        _convert(make_cfg, tree, tmp_path / "other", change)
+        other = loader(tmp_path / "other", 2)
+    assert other.checks["split"] == first.checks["split"]  # the same rows: only the order differs
+    with pytest.raises(ResumeError, match=rf"train order \(source.window over the shards' chunks\) {said}"):
+        other.load_state_dict(state)
