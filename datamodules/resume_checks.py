@@ -9,7 +9,7 @@ A resume is refused (``data.resume=strict``) or warned about (``lenient``) when:
 - it stands elsewhere than Lightning's own progress counters, which the same checkpoint restores
   (``lightning_position``): the loader would replay or skip samples while Lightning counts on;
 - what the order is made of changed: the data, the train split (which rows, drawn with which seed and
-  fractions), the seed, ``data.drop_last``.
+  fractions), the seed, ``data.drop_last``, a source's own order (shards: ``source.window`` and the chunks).
 
 The world size and the per-device batch size may change (``ELASTIC``): the samples consumed are a prefix of
 the epoch's order whatever the world that read them, so a new world reads the rest once. Standard library only.
@@ -37,7 +37,10 @@ CHECKED = {
     "world_size": "processes (world size)",
     "seed": "seed",
     "drop_last": "data.drop_last",
+    "order": "the shards' order (source.window, the chunks' sizes)",
 }
+# Compared only when the checkpoint records them (it predates them otherwise).
+RECORDED_SINCE = ("order",)
 # Recorded, so that a position counted in batches reads as samples, but free to change between save and resume.
 ELASTIC = ("batch_size", "world_size")
 
@@ -100,7 +103,10 @@ def differences(then: Mapping, now: Mapping) -> list[str]:
     return [
         f"{what} {then.get(key)!r} then, {now.get(key)!r} now"
         for key, what in CHECKED.items()
-        if key not in ELASTIC and now.get(key) is not None and then.get(key) != now.get(key)
+        if key not in ELASTIC
+        and now.get(key) is not None
+        and (key in then or key not in RECORDED_SINCE)
+        and then.get(key) != now.get(key)
     ]
 
 

@@ -87,8 +87,9 @@ def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
 def load_index(directory: str) -> list[dict]:
     """``directory``'s chunks from its index.json, once the layout is one feedline reads."""
     where = os.path.join(directory, "index.json")
-    with open(where, encoding="utf-8") as f:
-        index = json.load(f)
+    index = _json(where, ChunkError)
+    if not isinstance(index.get("chunks"), list):
+        raise ChunkError(f"{where}: no list of chunks; copy the dataset again, or convert it again")
     config = index.get("config") or {}
     for name in ("compression", "encryption"):
         if config.get(name):
@@ -107,9 +108,26 @@ def load_index(directory: str) -> list[dict]:
     return list(index["chunks"])
 
 
+def _json(where: str, error: type[Exception]) -> dict:
+    """The JSON object in ``where``, or ``error`` naming the file (a garbled or truncated copy)."""
+    with open(where, encoding="utf-8") as f:
+        try:
+            value = json.load(f)
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            raise error(f"{where} is not readable JSON ({err}): copy the dataset again, or convert it again") from None
+    if not isinstance(value, dict):
+        raise error(f"{where} holds {type(value).__name__}, not a JSON object: copy or convert the dataset again")
+    return value
+
+
+def index_identity(directory: str) -> tuple[int, int]:
+    """(inode, mtime_ns) of ``directory``'s index.json: a new conversion writes a new one."""
+    st = os.stat(os.path.join(directory, "index.json"))
+    return st.st_ino, st.st_mtime_ns
+
+
 def read_sidecar(directory: str) -> dict:
-    with open(os.path.join(directory, SIDECAR), encoding="utf-8") as f:
-        sidecar = json.load(f)
+    sidecar = _json(os.path.join(directory, SIDECAR), ValueError)
     if sidecar.get("format") != FORMAT:
         raise ValueError(
             f"{os.path.join(directory, SIDECAR)}: format {sidecar.get('format')!r}, not {FORMAT!r}"
@@ -123,26 +141,30 @@ class Chunks:
     Pickles as paths and numbers, O(chunks); maps are opened lazily, in the process that reads, at most
     ``OPEN_MAPS`` at a time (least recently used closed first)."""
 
-    def __init__(self, files: list[str], sizes, nbytes):
+    def __init__(self, files: list[str], sizes, nbytes, identity: dict | None = None):
         self.files = list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
+        # while its dataset is still that one (not converted again to the same out.path meanwhile)
+        self.identity = dict(identity or {})
         self._maps: collections.OrderedDict | None = None
         self._pid = None
 
     @classmethod
     def of(cls, directories: list[str]) -> Chunks:
-        files, sizes, nbytes = [], [], []
+        files, sizes, nbytes, identity = [], [], [], {}
         for directory in directories:
+            identity[directory] = index_identity(directory)
             for chunk in load_index(directory):
                 files.append(os.path.join(directory, chunk["filename"]))
                 sizes.append(int(chunk["chunk_size"]))
                 nbytes.append(int(chunk["chunk_bytes"]))
-        return cls(files, sizes, nbytes)
+        return cls(files, sizes, nbytes, identity)
 
     def __getstate__(self):
-        return self.files, self.sizes, self.nbytes
+        return self.files, self.sizes, self.nbytes, self.identity
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -178,12 +200,32 @@ class Chunks:
                 f"replaced; copy the dataset again, or convert it again"
             )
 
+    def _checked_dataset(self, c: int) -> None:
+        """The chunk's dataset is the one this run read (one stat of its index.json), or a ChunkError: a
+        conversion to the same out.path replaced it, and its chunks, of the same names and maybe sizes, hold
+        other samples than the rows and splits this run drew from the old one."""
+        directory = os.path.dirname(self.files[c])
+        then = self.identity.get(directory)
+        if then is None:
+            return
+        try:
+            now = index_identity(directory)
+        except FileNotFoundError:
+            now = None
+        if now != tuple(then):
+            raise ChunkError(
+                f"the shards dataset {directory} was replaced (converted again?) since this run read it: its chunks "
+                f"hold other samples than the run's splits; restart the run, and convert to another out.path while "
+                f"a run reads the old one"
+            )
+
     def _map(self, c: int):
         if self._pid != os.getpid():  # first use in this process: never a map inherited through fork
             self._maps, self._pid = collections.OrderedDict(), os.getpid()
         if c in self._maps:
             self._maps.move_to_end(c)
             return self._maps[c]
+        self._checked_dataset(c)
         self._checked_size(c)
         path, n = self.files[c], int(self.sizes[c])
         with open(path, "rb") as f:

@@ -9,6 +9,7 @@ like any other order.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -41,13 +42,21 @@ class ShardsRecords(Records):
     def where(self, row: int) -> str:
         return self.chunks.where(row)
 
+    def _bounds(self) -> np.ndarray:
+        rows = self.subset.array if self.subset is not None else None
+        starts = self.chunks.starts
+        return starts if rows is None else np.searchsorted(rows, starts)  # a split's rows are sorted
+
+    def order_key(self) -> str:
+        """What the epoch order is made of besides (seed, epoch): the window and how the split's samples fall
+        into chunks. A resume whose key differs would read another order (``resume_checks.py``)."""
+        h = hashlib.blake2b(np.ascontiguousarray(self._bounds(), dtype=np.int64).data, digest_size=6)
+        return f"window {self.window}, chunks {h.hexdigest()}"
+
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled
         within windows of ``window`` chunks (``chunk_order.py``)."""
-        rows = self.subset.array if self.subset is not None else None
-        starts = self.chunks.starts
-        bounds = starts if rows is None else np.searchsorted(rows, starts)  # a split's rows are sorted
-        return chunk_order(bounds, self.window, seed, epoch)
+        return chunk_order(self._bounds(), self.window, seed, epoch)
 
 
 class ShardsSource(Source):
@@ -89,6 +98,8 @@ class ShardsSource(Source):
                     raise ValueError(
                         f"{key} '{path}': {d} has other classes than {dirs[0]}: convert its parts again"
                     )
+            if len(dirs) > 1:
+                check_parts(path, key, dirs, sidecars)
             chunks = Chunks.of(dirs)
             labels = np.concatenate([np.load(os.path.join(d, LABELS), mmap_mode="r") for d in dirs])
             if len(labels) != chunks.total or (
@@ -153,3 +164,36 @@ class ShardsSource(Source):
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+# What every part of one conversion shares: each part is a slice of one seeded order of the source's rows,
+# so parts drawn with another seed, another shuffle or over another source slice another order (some
+# samples in two parts, others in none). The value names it for the message. (Not the source's description:
+# the jobs of one conversion may see the same data under another mount point.)
+PART_KEYS = {"seed": "out.seed", "shuffle": "out.shuffle", "rows": "samples in the source"}
+
+
+def check_parts(path: str, key: str, dirs: list[str], sidecars: list[dict]) -> None:
+    """The parts of ``path`` are the slices of one conversion's order, each in the folder of its own number;
+    else a ValueError naming the parts and what differs (read together they would repeat and miss samples)."""
+    parts = len(dirs)
+    for k, (d, sidecar) in enumerate(zip(dirs, sidecars)):
+        if (sidecar.get("part"), sidecar.get("parts")) != (k, parts):
+            raise ValueError(
+                f"{key} '{path}': {d} holds part {sidecar.get('part')} of {sidecar.get('parts')} (feedline.json), "
+                f"not part {k} of {parts}: a part folder was copied or renamed; convert that part again"
+            )
+    first = sidecars[0]
+    for d, sidecar in zip(dirs[1:], sidecars[1:]):
+        differ = [
+            f"{what} {first.get(name)!r} in {os.path.basename(dirs[0])}, {sidecar.get(name)!r} in "
+            f"{os.path.basename(d)}"
+            for name, what in PART_KEYS.items()
+            if first.get(name) != sidecar.get(name)
+        ]
+        if differ:
+            raise ValueError(
+                f"{key} '{path}': its parts were not written by one conversion ({'; '.join(differ)}), so they "
+                f"slice different orders of the source and would repeat some samples and miss others: convert "
+                f"every part again from the same source, with the same out.seed and out.shuffle"
+            )

@@ -104,6 +104,12 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     for stale in glob.glob(os.path.join(parent, f".{glob.escape(name)}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)  # a killed conversion's: we hold the lock, none is live
     work = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+    if options.parts is not None and int(options.parts) > len(records):
+        raise ValueError(
+            f"out.parts={options.parts} is more than the {len(records)} samples of {description or 'the source'}: "
+            f"every part must hold one (a part left empty could never be written, and the dataset never "
+            f"completed); set out.parts to at most {len(records)}"
+        )
     rows = rows_to_write(len(records), options)
     if not len(rows):
         raise ValueError(f"{description or 'the source'} holds no samples for {target}: nothing to write")
@@ -114,7 +120,7 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
         out = os.path.join(work, "out")
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
-        written = _finish(out, work, classes, options, description)
+        written = _finish(out, work, classes, options, description, len(records))
         if os.path.isdir(target):
             os.rename(target, os.path.join(work, "replaced"))  # an earlier dataset (check_target)
         os.rename(out, target)
@@ -133,7 +139,7 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     }
 
 
-def _finish(out: str, work: str, classes, options: WriteOptions, description: str) -> dict:
+def _finish(out: str, work: str, classes, options: WriteOptions, description: str, rows: int) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
     them against index.json), the classes, and the inputs skipped."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
@@ -162,6 +168,7 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
         "quality": options.quality,
         "shuffle": options.shuffle is not False,
         "seed": int(options.seed),
+        "rows": int(rows),  # the source's samples the (seeded) order was drawn over: parts must agree on it
         "part": options.part,
         "parts": options.parts,
         "source": description,

@@ -1,0 +1,112 @@
+"""Shards under hostile input: what an adversarial review found, each fault injected once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from feedline.datasets.chunks import ChunkError
+from feedline.datasets.shards import ShardsSource
+from tests.helpers import simple_tree
+from tests.test_shards import _convert
+
+
+def _images(records) -> list[str]:
+    return [hashlib.md5(bytes(records[i][0])).hexdigest() for i in range(len(records))]
+
+
+def test_parts_written_in_different_orders_are_refused_not_read_with_repeats(make_cfg, tmp_path):
+    """Part 0 drawn with out.seed=0 and part 1 with out.seed=1 slice two different permutations: read together
+    they held some images twice and others never (silently)."""
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out, "out.parts=2", "out.part=0", "out.seed=0")
+    _convert(make_cfg, tree, out, "out.parts=2", "out.part=1", "out.seed=1")
+    with pytest.raises(ValueError, match="out.seed"):
+        ShardsSource(out, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+def test_parts_of_a_source_that_changed_between_them_are_refused(make_cfg, tmp_path):
+    """One more image in the tree between two parts' jobs: another permutation, so the same silent repeats."""
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out, "out.parts=2", "out.part=0")
+    simple_tree(tmp_path / "tree", per_class=11)
+    _convert(make_cfg, tree, out, "out.parts=2", "out.part=1")
+    with pytest.raises(ValueError, match="samples"):
+        ShardsSource(out, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+def test_consistent_parts_still_read_as_one_dataset_each_image_once(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    out = tmp_path / "shards"
+    for k in range(3):
+        _convert(make_cfg, tree, out, "out.parts=3", f"out.part={k}", "out.seed=4")
+    records = ShardsSource(out, val_fraction=0, cache_dir=tmp_path / "c").split("train")
+    assert len(records) == 30 and len(set(_images(records))) == 30
+
+
+def test_more_parts_than_samples_is_refused_before_any_part_is_written(make_cfg, tmp_path):
+    """out.parts=16 over 6 images: ten parts are empty, which the writer refused one by one, after the
+    others were written, leaving a dataset that could never be completed."""
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    with pytest.raises(ValueError, match="out.parts=16"):
+        _convert(make_cfg, tree, tmp_path / "shards", "out.parts=16", "out.part=1")
+    assert not os.path.exists(tmp_path / "shards" / "part-00001-of-00016")
+
+
+def test_a_dataset_converted_again_under_a_running_reader_is_refused_not_read(make_cfg, tmp_path):
+    """A new worker (a new epoch, spawn) of a run whose out.path was converted again (another out.seed) read
+    the new chunks under the old split's rows: validation images in the train split, silently."""
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out, "out.seed=0")
+    source = ShardsSource(out, val_fraction=0.2, cache_dir=tmp_path / "c")
+    source.prepare()
+    train = source.split("train")
+    blob = pickle.dumps(train)  # what a worker gets
+    _convert(make_cfg, tree, out, "out.seed=7")
+    worker = pickle.loads(blob)
+    with pytest.raises(ChunkError, match="replaced"):
+        worker[0]
+
+
+@pytest.mark.parametrize("name", ["feedline.json", "index.json"])
+def test_a_garbled_sidecar_or_index_names_its_file(make_cfg, tmp_path, name):
+    tree = simple_tree(tmp_path / "tree", per_class=3)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out)
+    (out / name).write_text('{"format": "feedline-sha')
+    with pytest.raises((ValueError, ChunkError), match=str(out / name)):
+        ShardsSource(out, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+def test_a_resume_with_another_window_is_refused_not_read_in_another_order(make_cfg, tmp_path):
+    """source.window changes the epoch's order: a position counted in the old order skipped some samples and
+    repeated others in the new one."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from tests.test_resume import digests, world_loaders
+
+    classes = [f"c{k:02d}" for k in range(24)]
+    tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
+    _convert(make_cfg, tree, tmp_path / "shards", "out.chunk_bytes=1KB")
+
+    def loader(window):
+        source = ShardsSource(tmp_path / "shards", val_fraction=0, window=window, cache_dir=tmp_path / "c")
+        return world_loaders(source, tree, 1, 4)[0]
+
+    first = loader(2)
+    digests(first, 2)
+    state = first.state_dict()
+    again = loader(2)
+    again.load_state_dict(state)  # the same window: fine
+    other = loader(5)
+    with pytest.raises(ResumeError, match="source.window"):
+        other.load_state_dict(state)
+    json.dumps(state)  # the state stays plain
+    assert np.array_equal(loader(2).sampler.order(), loader(2).sampler.order())
