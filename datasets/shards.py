@@ -134,11 +134,24 @@ class ShardsSource(Source):
             if path:
                 dataset = self._dataset(path, key)
                 dataset["chunks"].check_files()
+                if key != "source.path":
+                    self._check_held_out(path, key)
                 if dataset["classes"] != self.classes:
                     raise ValueError(
                         f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
                         f"a held-out dataset must be converted with the classes of the training one"
                     )
+
+    def _check_held_out(self, path: str, key: str) -> None:
+        """A held-out dataset is not (a part of) the training one: it would be scored on samples trained on."""
+        train = {os.path.realpath(d) for d in dataset_dirs(self.path)}
+        shared = sorted(train & {os.path.realpath(d) for d in dataset_dirs(path, key)})
+        if shared:
+            raise ValueError(
+                f"{key} '{path}' is the training data of source.path '{self.path}' (it holds {shared[0]}): a "
+                f"held-out split must be another dataset; convert it to its own out.path, or draw it with "
+                f"source.{'val' if key.endswith('val_path') else 'test'}_fraction"
+            )
 
     def split(self, name: str) -> ShardsRecords:
         own = {"val": self.val_path, "test": self.test_path}.get(check_split(name))

@@ -110,3 +110,39 @@ def test_a_resume_with_another_window_is_refused_not_read_in_another_order(make_
         other.load_state_dict(state)
     json.dumps(state)  # the state stays plain
     assert np.array_equal(loader(2).sampler.order(), loader(2).sampler.order())
+
+
+@pytest.mark.parametrize("key", ["val_path", "test_path"])
+def test_a_held_out_path_that_is_the_training_data_is_refused(make_cfg, tmp_path, key):
+    """source.val_path=<source.path> (or one of its parts) validated on the very samples trained on."""
+    tree = simple_tree(tmp_path / "tree", per_class=4)
+    out = tmp_path / "shards"
+    for k in range(2):
+        _convert(make_cfg, tree, out, "out.parts=2", f"out.part={k}")
+    for held_out in (f"{out}/", out / "part-00001-of-00002"):
+        with pytest.raises(ValueError, match=f"source.{key}"):
+            ShardsSource(out, **{key: str(held_out)}, cache_dir=tmp_path / "c").prepare()
+
+
+def test_a_window_past_the_chunks_is_a_global_shuffle_not_an_overflow(make_cfg, tmp_path):
+    tree = simple_tree(tmp_path / "tree", per_class=4)
+    _convert(make_cfg, tree, tmp_path / "shards")
+    records = ShardsSource(tmp_path / "shards", val_fraction=0, window=2**70, cache_dir=tmp_path / "c")
+    order = records.split("train").epoch_order(0, 0)
+    assert sorted(order.tolist()) == list(range(12))
+    same = ShardsSource(tmp_path / "shards", val_fraction=0, window=10**6, cache_dir=tmp_path / "c")
+    assert np.array_equal(order, same.split("train").epoch_order(0, 0))
+
+
+def test_an_out_path_that_is_a_symlink_writes_where_it_points(make_cfg, tmp_path):
+    """out.path=/data/link -> /big/disk/shards: the new dataset replaced the link with a directory beside it
+    (on the link's filesystem), and the link's target kept the old dataset."""
+    tree = simple_tree(tmp_path / "tree", per_class=4)
+    target = tmp_path / "big" / "shards"
+    _convert(make_cfg, tree, target, "out.seed=1")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    _convert(make_cfg, tree, link, "out.seed=2")
+    assert link.is_symlink()
+    assert json.loads((target / "feedline.json").read_text())["seed"] == 2
+    assert not [p for p in os.listdir(tmp_path / "big") if p != "shards"]  # no work dir left behind

@@ -42,7 +42,8 @@ POLL_S = 0.2
 
 def output_dir(options: WriteOptions) -> str:
     """The directory this conversion writes: ``out.path``, or its part's folder in it."""
-    path = os.path.abspath(os.path.expanduser(str(options.path)))
+    # a symlink's target: the dataset replaces what the link points at (on that filesystem), not the link
+    path = os.path.realpath(os.path.expanduser(str(options.path)))
     return os.path.join(path, part_name(options.part, options.parts)) if options.parts is not None else path
 
 
