@@ -123,8 +123,8 @@ def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
         problems.append(
             "the run changed since the checkpoint: "
             + "; ".join(changed)
-            + " (resume with the data, source split, seed and data.drop_last it was written with; the world "
-            "size and data.batch_size may change)"
+            + " (resume with the data, source split, seed, data.drop_last and source.window it was written "
+            "with; the world size and data.batch_size may change)"
         )
     samples = now.get("samples")
     batches = _epoch_batches(samples, state.get("world_size"), state.get("batch_size"), now.get("drop_last"))

@@ -55,7 +55,8 @@ class TrainLoader:
             digest = getattr(dataset.records, "digest", None)
             self._train_digest = digest() if callable(digest) else ""
         counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
-        order_key = getattr(dataset.records, "order_key", None)  # a source's own order (shards): what makes it
+        # a source's own order (shards): what it is made of besides (seed, epoch)
+        order_key = getattr(dataset.records, "order_key", None)
         if callable(order_key):
             counts["order"] = order_key()
         return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)

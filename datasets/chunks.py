@@ -114,9 +114,13 @@ def _json(where: str, error: type[Exception]) -> dict:
         try:
             value = json.load(f)
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-            raise error(f"{where} is not readable JSON ({err}): copy the dataset again, or convert it again") from None
+            raise error(
+                f"{where} is not readable JSON ({err}): copy the dataset again, or convert it again"
+            ) from None
     if not isinstance(value, dict):
-        raise error(f"{where} holds {type(value).__name__}, not a JSON object: copy or convert the dataset again")
+        raise error(
+            f"{where} holds {type(value).__name__}, not a JSON object: copy or convert the dataset again"
+        )
     return value
 
 

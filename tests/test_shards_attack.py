@@ -146,3 +146,15 @@ def test_an_out_path_that_is_a_symlink_writes_where_it_points(make_cfg, tmp_path
     assert link.is_symlink()
     assert json.loads((target / "feedline.json").read_text())["seed"] == 2
     assert not [p for p in os.listdir(tmp_path / "big") if p != "shards"]  # no work dir left behind
+
+
+def test_a_conversion_whose_every_input_is_unreadable_says_so(make_cfg, tmp_path):
+    """Every input skipped: LitData wrote an index of no chunks, and the error blamed its layout ("samples of
+    None read by None")."""
+    tree = tmp_path / "tree"
+    for name in ("a/x.png", "a/y.png", "b/z.png"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"all 3 inputs .* unreadable.*x\.png"):
+        _convert(make_cfg, tree, tmp_path / "shards")
+    assert not os.path.exists(tmp_path / "shards")

@@ -145,15 +145,24 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
     them against index.json), the classes, and the inputs skipped."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
         os.remove(leftover)
-    chunks = Chunks.of([out])
-    chunks.check_files()
-    labels = chunks.labels()
-    np.save(os.path.join(out, LABELS), labels)
     skipped = []
     for report in glob.glob(os.path.join(work, "skipped", "*.tsv")):
         with open(report, encoding="utf-8") as f:
             skipped += [line.rstrip("\n").split("\t", 1) for line in f if line.strip()]
     skipped.sort(key=lambda item: int(item[0]))
+    with open(os.path.join(out, "index.json"), encoding="utf-8") as f:
+        written_chunks = json.load(f).get("chunks")
+    if skipped and not written_chunks:  # LitData wrote an index of no chunks (and no layout)
+        first = "; ".join(line.replace("\t", ": ") for _, line in skipped[:3])
+        raise ValueError(
+            f"all {len(skipped)} inputs of {description or 'the source'}"
+            f"{'' if options.parts is None else ' in ' + part_name(options.part, options.parts)} are "
+            f"unreadable, so nothing was written ({first}{' ...' if len(skipped) > 3 else ''})"
+        )
+    chunks = Chunks.of([out])
+    chunks.check_files()
+    labels = chunks.labels()
+    np.save(os.path.join(out, LABELS), labels)
     if skipped:
         with open(os.path.join(out, "skipped.tsv"), "w", encoding="utf-8") as f:
             f.write("path\terror\n")
