@@ -18,6 +18,7 @@ stops the run naming its path; a malformed sample inside one is a bad sample (``
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import mmap
@@ -145,7 +146,7 @@ class Chunks:
     Pickles as paths and numbers, O(chunks); maps are opened lazily, in the process that reads, at most
     ``OPEN_MAPS`` at a time (least recently used closed first)."""
 
-    def __init__(self, files: list[str], sizes, nbytes, identity: dict | None = None):
+    def __init__(self, files: list[str], sizes, nbytes, identity: dict | None = None, labels=None):
         self.files = list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
@@ -153,22 +154,30 @@ class Chunks:
         # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
         # while its dataset is still that one (not converted again to the same out.path meanwhile)
         self.identity = dict(identity or {})
+        # (labels.npy path, first row) per directory, and each chunk's directory: every sample read is checked
+        # against the label the dataset recorded for its row (a chunk in the place of another is refused)
+        self.label_files = list(labels) if labels else []
+        self._labels: dict[int, np.ndarray] = {}
+        self._first_chunks = [int(first_chunk) for _, _, first_chunk in self.label_files]
         self._maps: collections.OrderedDict | None = None
         self._pid = None
 
     @classmethod
     def of(cls, directories: list[str]) -> Chunks:
-        files, sizes, nbytes, identity = [], [], [], {}
+        files, sizes, nbytes, identity, labels = [], [], [], {}, []
         for directory in directories:
             identity[directory] = index_identity(directory)
+            labels.append((os.path.join(directory, LABELS), sum(sizes), len(files)))
             for chunk in load_index(directory):
                 files.append(os.path.join(directory, chunk["filename"]))
                 sizes.append(int(chunk["chunk_size"]))
                 nbytes.append(int(chunk["chunk_bytes"]))
-        return cls(files, sizes, nbytes, identity)
+        if not all(os.path.isfile(path) for path, _, _ in labels):
+            labels = None  # being written (the writer reads the labels back from the chunks)
+        return cls(files, sizes, nbytes, identity, labels)
 
     def __getstate__(self):
-        return self.files, self.sizes, self.nbytes, self.identity
+        return self.files, self.sizes, self.nbytes, self.identity, self.label_files
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -259,7 +268,26 @@ class Chunks:
                 f"{self.where(row)}: malformed sample (sizes {size}, {label_size} in {stop - start} bytes)"
             )
         image = np.frombuffer(m, dtype=np.uint8, count=size, offset=start + 8)
-        return image, struct.unpack_from("<q", m, start + 8 + size)[0]
+        label = struct.unpack_from("<q", m, start + 8 + size)[0]
+        if self.label_files:
+            self._check_label(row, c, j, label)
+        return image, label
+
+    def _check_label(self, row: int, c: int, j: int, label: int) -> None:
+        """The sample's label is the one labels.npy records for its row (mapped once per process), or a
+        ChunkError: the chunk is not the one written there (another of the same size copied over it, index.json
+        entries reordered), and its samples are not the rows the splits were drawn over."""
+        d = bisect.bisect_right(self._first_chunks, c) - 1  # the directory (part) of chunk c
+        path, first, _ = self.label_files[d]
+        if d not in self._labels:
+            self._labels[d] = np.load(path, mmap_mode="r")
+        expected = int(self._labels[d][row - first])
+        if label != expected:
+            raise ChunkError(
+                f"chunk {self.files[c]}: sample {j} holds label {label}, but {path} records {expected} for it: the "
+                f"chunk is not the one written there (another chunk copied over it, or index.json edited); copy "
+                f"the dataset again, or convert it again"
+            )
 
     def labels(self) -> np.ndarray:
         """Every sample's label, read from the chunks (what the writer records in labels.npy)."""

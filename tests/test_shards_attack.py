@@ -158,3 +158,28 @@ def test_a_conversion_whose_every_input_is_unreadable_says_so(make_cfg, tmp_path
     with pytest.raises(ValueError, match=r"all 3 inputs .* unreadable.*x\.png"):
         _convert(make_cfg, tree, tmp_path / "shards")
     assert not os.path.exists(tmp_path / "shards")
+
+
+@pytest.mark.parametrize("how", ["chunk copied over another", "index.json entries swapped"])
+def test_a_chunk_in_the_place_of_another_of_the_same_size_is_refused_when_read(make_cfg, tmp_path, how):
+    """chunk-0-1.bin overwritten by chunk-0-2.bin (same size, same sample count), or two index.json entries
+    swapped: every check passed, and the run read some images twice and others never, under a split drawn
+    from labels.npy that no longer matched them."""
+    classes = [f"c{k:02d}" for k in range(12)]  # one image each: each chunk's labels differ from any other's
+    tree = simple_tree(tmp_path / "tree", classes=classes, per_class=1)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out, "out.chunk_bytes=1KB")
+    index = json.loads((out / "index.json").read_text())
+    first, second = index["chunks"][1], index["chunks"][2]
+    assert first["chunk_bytes"] == second["chunk_bytes"] and first["chunk_size"] == second["chunk_size"]
+    if how == "chunk copied over another":
+        (out / first["filename"]).write_bytes((out / second["filename"]).read_bytes())
+    else:
+        index["chunks"][1], index["chunks"][2] = second, first
+        (out / "index.json").write_text(json.dumps(index))
+    source = ShardsSource(out, val_fraction=0, cache_dir=tmp_path / "c")
+    source.prepare()
+    records = pickle.loads(pickle.dumps(source.split("train")))  # as a worker reads it
+    with pytest.raises(ChunkError, match="labels.npy"):
+        for i in range(len(records)):
+            records[i]
