@@ -183,3 +183,20 @@ def test_a_chunk_in_the_place_of_another_of_the_same_size_is_refused_when_read(m
     with pytest.raises(ChunkError, match="labels.npy"):
         for i in range(len(records)):
             records[i]
+
+
+def test_converting_again_never_removes_files_a_user_added_to_the_dataset_directory(make_cfg, tmp_path):
+    """The earlier dataset was replaced whole, with whatever else the directory held (a notes file, a folder
+    of held-out data): deleted without a word."""
+    tree = simple_tree(tmp_path / "tree", per_class=3)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out)
+    (out / "val").mkdir()
+    (out / "val" / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="val"):
+        _convert(make_cfg, tree, out, "out.seed=3")
+    assert (out / "val" / "notes.txt").read_text() == "keep me"
+    (out / "val" / "notes.txt").unlink()
+    (out / "val").rmdir()
+    _convert(make_cfg, tree, out, "out.seed=3")  # the dataset's own files alone: replaced
+    assert json.loads((out / "feedline.json").read_text())["seed"] == 3

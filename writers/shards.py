@@ -30,7 +30,7 @@ import traceback
 import numpy as np
 from tqdm.auto import tqdm
 
-from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, part_name
+from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, load_index, part_name
 from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
 from feedline.writers.lock import writer_lock
@@ -60,7 +60,23 @@ def check_target(options: WriteOptions) -> str:
             f"out.path: {target} is a directory that holds other files, not a shards dataset: it is never "
             f"overwritten; choose an empty or new directory"
         )
+    others = sorted(set(os.listdir(target)) - own_files(target)) if is_complete(target) else []
+    if others:  # the dataset is replaced whole: these would go with it
+        raise ValueError(
+            f"out.path: {target} holds a shards dataset and files of its own ({', '.join(others[:5])}"
+            f"{' ...' if len(others) > 5 else ''}): converting again replaces the directory whole, so it is "
+            f"never overwritten; move them out, or choose another out.path"
+        )
     return target
+
+
+def own_files(directory: str) -> set[str]:
+    """The names a shards dataset's directory holds: its chunks (as index.json lists them) and its sidecar."""
+    try:
+        chunks = {str(chunk.get("filename")) for chunk in load_index(directory)}
+    except (OSError, ValueError, RuntimeError, AttributeError):  # unreadable: nothing is taken for its own
+        return set()
+    return chunks | {"index.json", SIDECAR, LABELS, "skipped.tsv"}
 
 
 def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
