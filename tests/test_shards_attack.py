@@ -200,3 +200,25 @@ def test_converting_again_never_removes_files_a_user_added_to_the_dataset_direct
     (out / "val").rmdir()
     _convert(make_cfg, tree, out, "out.seed=3")  # the dataset's own files alone: replaced
     assert json.loads((out / "feedline.json").read_text())["seed"] == 3
+
+
+def test_what_another_job_wrote_into_out_path_during_a_conversion_is_never_removed(
+    make_cfg, tmp_path, monkeypatch
+):
+    """A whole conversion to out.path, and meanwhile a part job (its lock is its own folder's) wrote its part
+    into out.path: the whole conversion replaced the directory at its end, the finished part with it."""
+    import feedline.writers.shards as shards
+
+    tree = simple_tree(tmp_path / "tree", per_class=3)
+    out = tmp_path / "shards"
+    writer = shards._run_writer
+
+    def meanwhile(*args, **kwargs):
+        writer(*args, **kwargs)
+        (out / "part-00000-of-00002").mkdir(parents=True)
+        (out / "part-00000-of-00002" / "index.json").write_text("{}")
+
+    monkeypatch.setattr(shards, "_run_writer", meanwhile)
+    with pytest.raises(ValueError, match="out.path"):
+        _convert(make_cfg, tree, out)
+    assert (out / "part-00000-of-00002" / "index.json").exists()

@@ -138,6 +138,9 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
         written = _finish(out, work, classes, options, description, len(records))
+        check_target(
+            options
+        )  # again: another job (a part's, whose lock is its own) may have written there since
         if os.path.isdir(target):
             os.rename(target, os.path.join(work, "replaced"))  # an earlier dataset (check_target)
         os.rename(out, target)
