@@ -59,7 +59,7 @@ def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
             found[int(match[2])][int(match[1])] = os.path.join(path, name)
     if not found:
         why = (
-            "its conversion is unfinished or was killed"
+            "its conversion is unfinished or was killed, or LitData wrote it without feedline's sidecar"
             if os.path.isfile(os.path.join(path, "index.json"))
             else ""
         )
@@ -136,6 +136,12 @@ def read_sidecar(directory: str) -> dict:
     if sidecar.get("format") != FORMAT:
         raise ValueError(
             f"{os.path.join(directory, SIDECAR)}: format {sidecar.get('format')!r}, not {FORMAT!r}"
+        )
+    classes = sidecar.get("classes")
+    if not isinstance(classes, list) or not isinstance(sidecar.get("samples"), int):
+        raise ValueError(
+            f"{os.path.join(directory, SIDECAR)}: no list of classes and count of samples; convert the dataset "
+            f"again"
         )
     return sidecar
 

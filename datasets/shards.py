@@ -101,7 +101,7 @@ class ShardsSource(Source):
             if len(dirs) > 1:
                 check_parts(path, key, dirs, sidecars)
             chunks = Chunks.of(dirs)
-            labels = np.concatenate([np.load(os.path.join(d, LABELS), mmap_mode="r") for d in dirs])
+            labels = np.concatenate([load_labels(d) for d in dirs])
             if len(labels) != chunks.total or (
                 len(labels) and not 0 <= labels.min() <= labels.max() < len(classes)
             ):
@@ -210,3 +210,18 @@ def check_parts(path: str, key: str, dirs: list[str], sidecars: list[dict]) -> N
                 f"slice different orders of the source and would repeat some samples and miss others: convert "
                 f"every part again from the same source, with the same out.seed and out.shuffle"
             )
+
+
+def load_labels(directory: str) -> np.ndarray:
+    """``directory``'s labels.npy (memory-mapped): one integer label per sample, or a ValueError naming it."""
+    path = os.path.join(directory, LABELS)
+    try:
+        labels = np.load(path, mmap_mode="r")
+    except ValueError as err:  # not an .npy file, or pickled objects
+        raise ValueError(f"{path} is not readable ({err}): convert the dataset again") from None
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"{path} holds {labels.dtype} labels of shape {labels.shape}, not one integer per sample: convert the "
+            f"dataset again"
+        )
+    return labels

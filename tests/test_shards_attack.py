@@ -222,3 +222,42 @@ def test_what_another_job_wrote_into_out_path_during_a_conversion_is_never_remov
     with pytest.raises(ValueError, match="out.path"):
         _convert(make_cfg, tree, out)
     assert (out / "part-00000-of-00002" / "index.json").exists()
+
+
+def _garble_labels(out, how):
+    labels = np.load(out / "labels.npy")
+    if how == "not npy":
+        (out / "labels.npy").write_bytes(b"garbage\n")
+    elif how == "2-d":
+        np.save(out / "labels.npy", labels.reshape(-1, 1))
+    elif how == "float":
+        np.save(out / "labels.npy", labels.astype(float) + 0.5)
+    else:  # a sidecar without its classes
+        sidecar = json.loads((out / "feedline.json").read_text())
+        del sidecar["classes"]
+        (out / "feedline.json").write_text(json.dumps(sidecar))
+
+
+@pytest.mark.parametrize("how", ["not npy", "2-d", "float", "no classes"])
+def test_garbled_labels_or_sidecar_are_named_with_their_file(make_cfg, tmp_path, how):
+    tree = simple_tree(tmp_path / "tree", per_class=3)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out)
+    _garble_labels(out, how)
+    name = "feedline.json" if how == "no classes" else "labels.npy"
+    with pytest.raises(ValueError, match=name):
+        source = ShardsSource(out, val_fraction=0.3, cache_dir=tmp_path / "c")
+        source.prepare()
+        source.split("train")
+
+
+def _litdata_sample(i):
+    return b"x" * (10 + i), i % 2
+
+
+def test_a_dataset_written_by_plain_litdata_is_named_as_such_not_as_an_unfinished_conversion(tmp_path):
+    from litdata import optimize
+
+    optimize(fn=_litdata_sample, inputs=list(range(6)), output_dir=str(tmp_path / "lit"), chunk_bytes="1KB", num_workers=1)
+    with pytest.raises(FileNotFoundError, match="LitData wrote it without"):
+        ShardsSource(tmp_path / "lit", cache_dir=tmp_path / "c")
