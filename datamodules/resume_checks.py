@@ -37,7 +37,7 @@ CHECKED = {
     "world_size": "processes (world size)",
     "seed": "seed",
     "drop_last": "data.drop_last",
-    "order": "the shards' order (source.window, the chunks' sizes)",
+    "order": "the shards' order (source.window, the chunks' sizes, the conversion's out.seed and source)",
 }
 # Compared only when the checkpoint records them (it predates them otherwise).
 RECORDED_SINCE = ("order",)

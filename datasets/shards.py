@@ -10,6 +10,7 @@ like any other order.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 
@@ -28,9 +29,10 @@ log = logging.getLogger(__name__)
 class ShardsRecords(Records):
     """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk)."""
 
-    def __init__(self, chunks: Chunks, window: int, subset=None):
+    def __init__(self, chunks: Chunks, window: int, subset=None, written: str = ""):
         super().__init__(subset)
         self.chunks, self.window = chunks, int(window)
+        self.written = written  # how the dataset's rows were drawn (its sidecars): part of the order key
 
     @property
     def total(self) -> int:
@@ -51,6 +53,7 @@ class ShardsRecords(Records):
         """What the epoch order is made of besides (seed, epoch): the window and how the split's samples fall
         into chunks. A resume whose key differs would read another order (``resume_checks.py``)."""
         h = hashlib.blake2b(np.ascontiguousarray(self._bounds(), dtype=np.int64).data, digest_size=6)
+        h.update(self.written.encode())
         return f"window {self.window}, chunks {h.hexdigest()}"
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
@@ -112,7 +115,16 @@ class ShardsSource(Source):
             identity = [
                 [os.stat(os.path.join(d, "index.json")).st_mtime_ns, read_sidecar(d)["samples"]] for d in dirs
             ]
+            # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
+            # in rows of the same count (and maybe chunks of the same sizes)
+            written = json.dumps(
+                [
+                    [sc.get(k) for k in ("seed", "shuffle", "rows", "max_side", "quality", "samples")]
+                    for sc in sidecars
+                ]
+            )
             self._datasets[path] = {
+                "written": written,
                 "classes": classes,
                 "chunks": chunks,
                 "labels": labels,
@@ -173,7 +185,7 @@ class ShardsSource(Source):
             subset = subset_for(
                 name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
             )
-        return ShardsRecords(dataset["chunks"], self.window, subset)
+        return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"])
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"

@@ -261,3 +261,29 @@ def test_a_dataset_written_by_plain_litdata_is_named_as_such_not_as_an_unfinishe
     optimize(fn=_litdata_sample, inputs=list(range(6)), output_dir=str(tmp_path / "lit"), chunk_bytes="1KB", num_workers=1)
     with pytest.raises(FileNotFoundError, match="LitData wrote it without"):
         ShardsSource(tmp_path / "lit", cache_dir=tmp_path / "c")
+
+
+def test_a_resume_over_shards_converted_again_in_another_order_is_refused(make_cfg, tmp_path):
+    """out.path converted again with another out.seed between save and resume: the same number of samples in
+    chunks of the same sizes, so the split digest and the chunk layout agreed, but every row holds another
+    image: the rest of the epoch repeated some and skipped others."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from tests.test_resume import digests, world_loaders
+
+    tree = simple_tree(tmp_path / "tree", per_class=8)
+    out = tmp_path / "shards"
+    _convert(make_cfg, tree, out, "out.chunk_bytes=1KB", "out.seed=0")
+
+    def loader():
+        source = ShardsSource(out, val_fraction=0, window=2, cache_dir=tmp_path / "c")
+        return world_loaders(source, tree, 1, 4)[0]
+
+    first = loader()
+    digests(first, 2)
+    state = first.state_dict()
+    loader().load_state_dict(state)  # the same data: fine
+    sizes = json.loads((out / "index.json").read_text())["chunks"]
+    _convert(make_cfg, tree, out, "out.chunk_bytes=1KB", "out.seed=1")
+    assert json.loads((out / "index.json").read_text())["chunks"] == sizes  # the same layout
+    with pytest.raises(ResumeError, match="source.window"):
+        loader().load_state_dict(state)
