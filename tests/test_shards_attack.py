@@ -258,7 +258,13 @@ def _litdata_sample(i):
 def test_a_dataset_written_by_plain_litdata_is_named_as_such_not_as_an_unfinished_conversion(tmp_path):
     from litdata import optimize
 
-    optimize(fn=_litdata_sample, inputs=list(range(6)), output_dir=str(tmp_path / "lit"), chunk_bytes="1KB", num_workers=1)
+    optimize(
+        fn=_litdata_sample,
+        inputs=list(range(6)),
+        output_dir=str(tmp_path / "lit"),
+        chunk_bytes="1KB",
+        num_workers=1,
+    )
     with pytest.raises(FileNotFoundError, match="LitData wrote it without"):
         ShardsSource(tmp_path / "lit", cache_dir=tmp_path / "c")
 
