@@ -33,6 +33,7 @@ def chunk_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -> np.nd
     the split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted, so each chunk's are a run)."""
     bounds = np.asarray(bounds, dtype=np.int64)
     sizes = np.diff(bounds)
+    window = min(int(window), max(1, len(sizes)))  # a window of every chunk (or more) is a global shuffle
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), 2])
     chunks = rng.permutation(len(sizes))
     lengths = sizes[chunks]

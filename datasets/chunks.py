@@ -18,6 +18,7 @@ stops the run naming its path; a malformed sample inside one is a bad sample (``
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import mmap
@@ -72,7 +73,11 @@ def dataset_parts(where, key: str = "source.path") -> list[str]:
         if match:
             found[int(match[2])][int(match[1])] = name
     if not found:
-        why = "its conversion is unfinished or was killed" if store.exists("index.json") else ""
+        why = (
+            "its conversion is unfinished or was killed, or LitData wrote it without feedline's sidecar"
+            if store.exists("index.json")
+            else ""
+        )
         raise FileNotFoundError(
             f"{key} '{path}' is not a shards dataset: no index.json and {SIDECAR} (nor part-*-of-* folders)"
             f"{' (' + why + ')' if why else ''}; write one with python convert.py source=... out.format=shards "
@@ -106,7 +111,9 @@ def load_index(where, rel: str = "") -> list[dict]:
     the layout is one feedline reads."""
     store = as_store(where)
     where = store.where(_join(rel, "index.json"))
-    index = json.loads(store.read(_join(rel, "index.json")))
+    index = _json(store, _join(rel, "index.json"), ChunkError)
+    if not isinstance(index.get("chunks"), list):
+        raise ChunkError(f"{where}: no list of chunks; copy the dataset again, or convert it again")
     config = index.get("config") or {}
     for name in ("compression", "encryption"):
         if config.get(name):
@@ -125,12 +132,40 @@ def load_index(where, rel: str = "") -> list[dict]:
     return list(index["chunks"])
 
 
+def _json(store, rel: str, error: type[Exception]) -> dict:
+    """The JSON object in ``rel`` of ``store``, or ``error`` naming the file (a garbled or truncated copy)."""
+    where = store.where(rel)
+    try:
+        value = json.loads(store.read(rel))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise error(
+            f"{where} is not readable JSON ({err}): copy the dataset again, or convert it again"
+        ) from None
+    if not isinstance(value, dict):
+        raise error(
+            f"{where} holds {type(value).__name__}, not a JSON object: copy or convert the dataset again"
+        )
+    return value
+
+
+def index_identity(directory: str) -> tuple[int, int]:
+    """(inode, mtime_ns) of ``directory``'s index.json: a new conversion writes a new one."""
+    st = os.stat(os.path.join(directory, "index.json"))
+    return st.st_ino, st.st_mtime_ns
+
+
 def read_sidecar(where, rel: str = "") -> dict:
     store = as_store(where)
-    sidecar = json.loads(store.read(_join(rel, SIDECAR)))
+    sidecar = _json(store, _join(rel, SIDECAR), ValueError)
     if sidecar.get("format") != FORMAT:
         raise ValueError(
             f"{store.where(_join(rel, SIDECAR))}: format {sidecar.get('format')!r}, not {FORMAT!r}"
+        )
+    classes = sidecar.get("classes")
+    if not isinstance(classes, list) or not isinstance(sidecar.get("samples"), int):
+        raise ValueError(
+            f"{store.where(_join(rel, SIDECAR))}: no list of classes and count of samples; convert the dataset "
+            f"again"
         )
     return sidecar
 
@@ -141,26 +176,38 @@ class Chunks:
     Pickles as paths and numbers, O(chunks); maps are opened lazily, in the process that reads, at most
     ``OPEN_MAPS`` at a time (least recently used closed first)."""
 
-    def __init__(self, files: list[str], sizes, nbytes):
+    def __init__(self, files: list[str], sizes, nbytes, identity: dict | None = None, labels=None):
         self.files = list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
+        # while its dataset is still that one (not converted again to the same out.path meanwhile)
+        self.identity = dict(identity or {})
+        # (labels.npy path, first row) per directory, and each chunk's directory: every sample read is checked
+        # against the label the dataset recorded for its row (a chunk in the place of another is refused)
+        self.label_files = list(labels) if labels else []
+        self._labels: dict[int, np.ndarray] = {}
+        self._first_chunks = [int(first_chunk) for _, _, first_chunk in self.label_files]
         self._maps: collections.OrderedDict | None = None
         self._pid = None
 
     @classmethod
     def of(cls, directories: list[str]) -> Chunks:
-        files, sizes, nbytes = [], [], []
+        files, sizes, nbytes, identity, labels = [], [], [], {}, []
         for directory in directories:
+            identity[directory] = index_identity(directory)
+            labels.append((os.path.join(directory, LABELS), sum(sizes), len(files)))
             for chunk in load_index(directory):
                 files.append(os.path.join(directory, chunk["filename"]))
                 sizes.append(int(chunk["chunk_size"]))
                 nbytes.append(int(chunk["chunk_bytes"]))
-        return cls(files, sizes, nbytes)
+        if not all(os.path.isfile(path) for path, _, _ in labels):
+            labels = None  # being written (the writer reads the labels back from the chunks)
+        return cls(files, sizes, nbytes, identity, labels)
 
     def __getstate__(self):
-        return self.files, self.sizes, self.nbytes
+        return self.files, self.sizes, self.nbytes, self.identity, self.label_files
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -196,12 +243,32 @@ class Chunks:
                 f"replaced; copy the dataset again, or convert it again"
             )
 
+    def _checked_dataset(self, c: int) -> None:
+        """The chunk's dataset is the one this run read (one stat of its index.json), or a ChunkError: a
+        conversion to the same out.path replaced it, and its chunks, of the same names and maybe sizes, hold
+        other samples than the rows and splits this run drew from the old one."""
+        directory = os.path.dirname(self.files[c])
+        then = self.identity.get(directory)
+        if then is None:
+            return
+        try:
+            now = index_identity(directory)
+        except FileNotFoundError:
+            now = None
+        if now != tuple(then):
+            raise ChunkError(
+                f"the shards dataset {directory} was replaced (converted again?) since this run read it: its chunks "
+                f"hold other samples than the run's splits; restart the run, and convert to another out.path while "
+                f"a run reads the old one"
+            )
+
     def _map(self, c: int):
         if self._pid != os.getpid():  # first use in this process: never a map inherited through fork
             self._maps, self._pid = collections.OrderedDict(), os.getpid()
         if c in self._maps:
             self._maps.move_to_end(c)
             return self._maps[c]
+        self._checked_dataset(c)
         self._checked_size(c)
         path, n = self.files[c], int(self.sizes[c])
         with open(path, "rb") as f:
@@ -231,7 +298,26 @@ class Chunks:
                 f"{self.where(row)}: malformed sample (sizes {size}, {label_size} in {stop - start} bytes)"
             )
         image = np.frombuffer(m, dtype=np.uint8, count=size, offset=start + 8)
-        return image, struct.unpack_from("<q", m, start + 8 + size)[0]
+        label = struct.unpack_from("<q", m, start + 8 + size)[0]
+        if self.label_files:
+            self._check_label(row, c, j, label)
+        return image, label
+
+    def _check_label(self, row: int, c: int, j: int, label: int) -> None:
+        """The sample's label is the one labels.npy records for its row (mapped once per process), or a
+        ChunkError: the chunk is not the one written there (another of the same size copied over it, index.json
+        entries reordered), and its samples are not the rows the splits were drawn over."""
+        d = bisect.bisect_right(self._first_chunks, c) - 1  # the directory (part) of chunk c
+        path, first, _ = self.label_files[d]
+        if d not in self._labels:
+            self._labels[d] = np.load(path, mmap_mode="r")
+        expected = int(self._labels[d][row - first])
+        if label != expected:
+            raise ChunkError(
+                f"chunk {self.files[c]}: sample {j} holds label {label}, but {path} records {expected} for it: the "
+                f"chunk is not the one written there (another chunk copied over it, or index.json edited); copy "
+                f"the dataset again, or convert it again"
+            )
 
     def labels(self) -> np.ndarray:
         """Every sample's label, read from the chunks (what the writer records in labels.npy)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 
@@ -33,9 +34,10 @@ log = logging.getLogger(__name__)
 class ShardsRecords(Records):
     """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk)."""
 
-    def __init__(self, chunks: Chunks, window: int, subset=None):
+    def __init__(self, chunks: Chunks, window: int, subset=None, written: str = ""):
         super().__init__(subset)
         self.chunks, self.window = chunks, int(window)
+        self.written = written  # how the dataset's rows were drawn (its sidecars): part of the order key
 
     @property
     def total(self) -> int:
@@ -54,12 +56,14 @@ class ShardsRecords(Records):
         return starts if rows is None else np.searchsorted(rows, starts)
 
     def order_identity(self) -> str:
-        """What ``epoch_order`` draws from besides (seed, epoch): the window and how the split's samples lie in
-        the chunks. A resume checks it (``resume_checks.py``): another window, or the same samples converted
-        into other chunks, is another order, whose rest would repeat some consumed samples and miss others."""
+        """What ``epoch_order`` draws from besides (seed, epoch): the window, how the split's samples lie in
+        the chunks, and how the dataset's rows were drawn (its sidecars: out.seed, out.shuffle, ...). A resume
+        checks it (``resume_checks.py``): another window, or the same samples converted into other chunks or
+        rows, is another order, whose rest would repeat some consumed samples and miss others."""
         bounds = np.ascontiguousarray(self._bounds(), dtype=np.int64)
-        digest = hashlib.blake2b(bounds.data, digest_size=6).hexdigest()
-        return f"window {self.window} over {len(bounds) - 1} chunks ({digest})"
+        h = hashlib.blake2b(bounds.data, digest_size=6)
+        h.update(self.written.encode())
+        return f"window {self.window} over {len(bounds) - 1} chunks ({h.hexdigest()})"
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled
@@ -118,6 +122,8 @@ class ShardsSource(Source):
                         f"{key} '{path}': {store.where(rel)} has other classes than {store.where(parts[0])}: "
                         f"convert its parts again"
                     )
+            if len(parts) > 1:
+                check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
             chunks = self._chunks(store, parts, path, key)
             labels = np.concatenate([_labels(store, rel) for rel in parts])
             if len(labels) != chunks.total or (
@@ -134,7 +140,16 @@ class ShardsSource(Source):
                 np.ascontiguousarray(labels, dtype=np.int64).data
             )  # another write order: another split
             identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
+            # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
+            # in rows of the same count (and maybe chunks of the same sizes)
+            written = json.dumps(
+                [
+                    [sc.get(k) for k in ("seed", "shuffle", "rows", "max_side", "quality", "samples")]
+                    for sc in sidecars
+                ]
+            )
             self._datasets[path] = {
+                "written": written,
                 "classes": classes,
                 "chunks": chunks,
                 "labels": labels,
@@ -174,11 +189,30 @@ class ShardsSource(Source):
             if path:
                 dataset = self._dataset(path, key)
                 dataset["chunks"].check_files()
+                if key != "source.path":
+                    self._check_held_out(path, key)
                 if dataset["classes"] != self.classes:
                     raise ValueError(
                         f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
                         f"a held-out dataset must be converted with the classes of the training one"
                     )
+
+    def _check_held_out(self, path: str, key: str) -> None:
+        """A held-out dataset is not (a part of) the training one: it would be scored on samples trained on."""
+        train = set(self._part_places(self.path, "source.path"))
+        shared = sorted(train & set(self._part_places(path, key)))
+        if shared:
+            raise ValueError(
+                f"{key} '{path}' is the training data of source.path '{self.path}' (it holds {shared[0]}): a "
+                f"held-out split must be another dataset; convert it to its own out.path, or draw it with "
+                f"source.{'val' if key.endswith('val_path') else 'test'}_fraction"
+            )
+
+    def _part_places(self, path: str, key: str) -> list[str]:
+        """Where each part of the dataset at ``path`` is: real local paths, or URLs."""
+        store = self._store(path, key)
+        places = [store.where(rel) for rel in dataset_parts(store, key)]
+        return places if store.remote else [os.path.realpath(p) for p in places]
 
     def split(self, name: str) -> ShardsRecords:
         own = {"val": self.val_path, "test": self.test_path}.get(check_split(name))
@@ -200,7 +234,7 @@ class ShardsSource(Source):
             subset = subset_for(
                 name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
             )
-        return ShardsRecords(dataset["chunks"], self.window, subset)
+        return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"])
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
@@ -208,11 +242,67 @@ class ShardsSource(Source):
 
 def _labels(store, rel: str) -> np.ndarray:
     """Every sample's label from the sidecar's labels.npy (a local one is mapped, a remote one read whole)."""
-    name = f"{rel}/{LABELS}" if rel else LABELS
     if not store.remote:
-        return np.load(store.where(name), mmap_mode="r")
-    return np.load(io.BytesIO(store.read(name)))
+        return load_labels(store.where(rel))
+    name = f"{rel}/{LABELS}" if rel else LABELS
+    try:
+        labels = np.load(io.BytesIO(store.read(name)))
+    except ValueError as err:
+        raise ValueError(f"{store.where(name)} is not readable ({err}): convert the dataset again") from None
+    return _checked_labels(labels, store.where(name))
 
 
 def _basename(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or "shards"
+
+
+# What every part of one conversion shares: each part is a slice of one seeded order of the source's rows,
+# so parts drawn with another seed, another shuffle or over another source slice another order (some
+# samples in two parts, others in none). The value names it for the message. (Not the source's description:
+# the jobs of one conversion may see the same data under another mount point.)
+PART_KEYS = {"seed": "out.seed", "shuffle": "out.shuffle", "rows": "samples in the source"}
+
+
+def check_parts(path: str, key: str, dirs: list[str], sidecars: list[dict]) -> None:
+    """The parts of ``path`` are the slices of one conversion's order, each in the folder of its own number;
+    else a ValueError naming the parts and what differs (read together they would repeat and miss samples)."""
+    parts = len(dirs)
+    for k, (d, sidecar) in enumerate(zip(dirs, sidecars)):
+        if (sidecar.get("part"), sidecar.get("parts")) != (k, parts):
+            raise ValueError(
+                f"{key} '{path}': {d} holds part {sidecar.get('part')} of {sidecar.get('parts')} (feedline.json), "
+                f"not part {k} of {parts}: a part folder was copied or renamed; convert that part again"
+            )
+    first = sidecars[0]
+    for d, sidecar in zip(dirs[1:], sidecars[1:]):
+        differ = [
+            f"{what} {first.get(name)!r} in {os.path.basename(dirs[0])}, {sidecar.get(name)!r} in "
+            f"{os.path.basename(d)}"
+            for name, what in PART_KEYS.items()
+            if first.get(name) != sidecar.get(name)
+        ]
+        if differ:
+            raise ValueError(
+                f"{key} '{path}': its parts were not written by one conversion ({'; '.join(differ)}), so they "
+                f"slice different orders of the source and would repeat some samples and miss others: convert "
+                f"every part again from the same source, with the same out.seed and out.shuffle"
+            )
+
+
+def load_labels(directory: str) -> np.ndarray:
+    """``directory``'s labels.npy (memory-mapped): one integer label per sample, or a ValueError naming it."""
+    path = os.path.join(directory, LABELS)
+    try:
+        labels = np.load(path, mmap_mode="r")
+    except ValueError as err:  # not an .npy file, or pickled objects
+        raise ValueError(f"{path} is not readable ({err}): convert the dataset again") from None
+    return _checked_labels(labels, path)
+
+
+def _checked_labels(labels: np.ndarray, where: str) -> np.ndarray:
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"{where} holds {labels.dtype} labels of shape {labels.shape}, not one integer per sample: convert the "
+            f"dataset again"
+        )
+    return labels

@@ -76,6 +76,8 @@ def test_unreadable_inputs_are_skipped_and_listed_in_the_shards(make_cfg, tmp_pa
         ("out.mode=raw", "out.mode=raw is not offered with out.format=shards"),
         ("out.chunk_bytes=5TB", "out.chunk_bytes='5TB' must be a size from 1KB to 2GiB"),
         ("out.part=1", "set both"),
+        # numpy's bare "expected non-negative integer" came after the scan
+        ("out.seed=-1", "out.seed=-1 must be"),
     ],
 )
 def test_shards_options_out_of_range_are_refused_by_key(make_cfg, tmp_path, override, said):

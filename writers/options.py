@@ -79,7 +79,8 @@ class WriteOptions:
                 raise ValueError(f"out.parts={self.parts} must be in 1..{MAX_PARTS}")
             if not 0 <= _whole(self.part, "out.part") < parts:
                 raise ValueError(f"out.part={self.part} must be in 0..{parts - 1} (out.parts={parts})")
-        _whole(self.seed, "out.seed")
+        if _whole(self.seed, "out.seed") < 0:
+            raise ValueError(f"out.seed={self.seed} must be an integer >= 0 (the seed of the order written)")
 
     def chunk_byte_count(self) -> int:
         """``out.chunk_bytes`` as a number of bytes."""

@@ -32,7 +32,7 @@ import traceback
 import numpy as np
 from tqdm.auto import tqdm
 
-from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, part_name
+from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, load_index, part_name
 from feedline.datasets.stores import S3Store, is_url
 from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
@@ -49,7 +49,8 @@ def output_dir(options: WriteOptions) -> str:
     if is_url(options.path):
         url = str(options.path).rstrip("/")
         return f"{url}/{part_name(options.part, options.parts)}" if options.parts is not None else url
-    path = os.path.abspath(os.path.expanduser(str(options.path)))
+    # a symlink's target: the dataset replaces what the link points at (on that filesystem), not the link
+    path = os.path.realpath(os.path.expanduser(str(options.path)))
     return os.path.join(path, part_name(options.part, options.parts)) if options.parts is not None else path
 
 
@@ -73,7 +74,23 @@ def check_target(options: WriteOptions) -> str:
             f"out.path: {target} is a directory that holds other files, not a shards dataset: it is never "
             f"overwritten; choose an empty or new directory"
         )
+    others = sorted(set(os.listdir(target)) - own_files(target)) if is_complete(target) else []
+    if others:  # the dataset is replaced whole: these would go with it
+        raise ValueError(
+            f"out.path: {target} holds a shards dataset and files of its own ({', '.join(others[:5])}"
+            f"{' ...' if len(others) > 5 else ''}): converting again replaces the directory whole, so it is "
+            f"never overwritten; move them out, or choose another out.path"
+        )
     return target
+
+
+def own_files(directory: str) -> set[str]:
+    """The names a shards dataset's directory holds: its chunks (as index.json lists them) and its sidecar."""
+    try:
+        chunks = {str(chunk.get("filename")) for chunk in load_index(directory)}
+    except (OSError, ValueError, RuntimeError, AttributeError):  # unreadable: nothing is taken for its own
+        return set()
+    return chunks | {"index.json", SIDECAR, LABELS, "skipped.tsv"}
 
 
 def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
@@ -136,6 +153,12 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     for stale in glob.glob(os.path.join(parent, f".{glob.escape(name)}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)  # a killed conversion's: we hold the lock, none is live
     work = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+    if options.parts is not None and int(options.parts) > len(records):
+        raise ValueError(
+            f"out.parts={options.parts} is more than the {len(records)} samples of {description or 'the source'}: "
+            f"every part must hold one (a part left empty could never be written, and the dataset never "
+            f"completed); set out.parts to at most {len(records)}"
+        )
     rows = rows_to_write(len(records), options)
     if not len(rows):
         raise ValueError(f"{description or 'the source'} holds no samples for {target}: nothing to write")
@@ -146,7 +169,10 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
         out = os.path.join(work, "out")
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
-        written = _finish(out, work, classes, options, description)
+        written = _finish(out, work, classes, options, description, len(records))
+        check_target(
+            options
+        )  # again: another job (a part's, whose lock is its own) may have written there since
         if os.path.isdir(target):
             os.rename(target, os.path.join(work, "replaced"))  # an earlier dataset (check_target)
         os.rename(out, target)
@@ -165,20 +191,29 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     }
 
 
-def _finish(out: str, work: str, classes, options: WriteOptions, description: str) -> dict:
+def _finish(out: str, work: str, classes, options: WriteOptions, description: str, rows: int) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
     them against index.json), the classes, and the inputs skipped."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
         os.remove(leftover)
-    chunks = Chunks.of([out])
-    chunks.check_files()
-    labels = chunks.labels()
-    np.save(os.path.join(out, LABELS), labels)
     skipped = []
     for report in glob.glob(os.path.join(work, "skipped", "*.tsv")):
         with open(report, encoding="utf-8") as f:
             skipped += [line.rstrip("\n").split("\t", 1) for line in f if line.strip()]
     skipped.sort(key=lambda item: int(item[0]))
+    with open(os.path.join(out, "index.json"), encoding="utf-8") as f:
+        written_chunks = json.load(f).get("chunks")
+    if skipped and not written_chunks:  # LitData wrote an index of no chunks (and no layout)
+        first = "; ".join(line.replace("\t", ": ") for _, line in skipped[:3])
+        raise ValueError(
+            f"all {len(skipped)} inputs of {description or 'the source'}"
+            f"{'' if options.parts is None else ' in ' + part_name(options.part, options.parts)} are "
+            f"unreadable, so nothing was written ({first}{' ...' if len(skipped) > 3 else ''})"
+        )
+    chunks = Chunks.of([out])
+    chunks.check_files()
+    labels = chunks.labels()
+    np.save(os.path.join(out, LABELS), labels)
     if skipped:
         with open(os.path.join(out, "skipped.tsv"), "w", encoding="utf-8") as f:
             f.write("path\terror\n")
@@ -194,6 +229,7 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
         "quality": options.quality,
         "shuffle": options.shuffle is not False,
         "seed": int(options.seed),
+        "rows": int(rows),  # the source's samples the (seeded) order was drawn over: parts must agree on it
         "part": options.part,
         "parts": options.parts,
         "source": description,
