@@ -3,10 +3,14 @@ streaming through the chunk cache, endpoints and credentials per source, and eve
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -265,3 +269,82 @@ def test_litdata_reads_an_http_endpoint_only_with_its_private_allow_http_switch(
         assert done.stdout.split() == ["30", "30"]  # every sample, through its loader's two workers
     else:
         assert done.returncode != 0 and "BadScheme" in done.stderr + done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_on_an_empty_cache(
+    s3_server, tmp_path, monkeypatch
+):
+    """train.py from the command line on trainer=ddp_sim with 2 workers a rank, from a bucket, with a cache
+    limit below the dataset's size: the cache directory, sampled every 2 ms through two passes, never holds
+    more than the limit (downloads in progress included); killed with SIGKILL mid-epoch and resumed with
+    another, empty cache directory, the run goes on with the very batches of an uninterrupted run."""
+    from tests.test_resume import batches, train
+
+    tree = simple_tree(tmp_path / "tree", per_class=20)
+    url = s3_server.new_prefix()
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    convert = [sys.executable, "convert.py", "source=folder", f"source.root={tree}", "out.format=shards"]
+    convert += [f"out.path={url}", "out.chunk_bytes=2KB", "out.workers=1", f"hydra.run.dir={tmp_path / 'cv'}"]
+    done = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dataset = sum(
+        o["Size"]
+        for o in s3_server.client().list_objects_v2(
+            Bucket=s3_server.bucket, Prefix=url.split("/", 3)[3] + "/chunk-"
+        )["Contents"]
+    )
+    limit = 12_000
+    assert dataset > 2 * limit  # the cache must evict within each pass
+    options = [
+        f"source.path={url}",
+        "source=shards",
+        "source.window=1",
+        f"source.cache_limit={limit}",
+        "source.val_fraction=0.2",
+        "transforms=digits",
+        "trainer=ddp_sim",
+        "data.num_workers=2",
+        "data.batch_size=4",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+    ]
+    peak, done_sampling = {}, threading.Event()
+
+    def sample():
+        while not done_sampling.is_set():
+            for directory in tmp_path.glob("caches-*/chunks/*"):
+                with contextlib.suppress(FileNotFoundError):
+                    used = sum(entry.stat().st_size for entry in os.scandir(directory))
+                    peak[directory] = max(peak.get(directory, 0), used)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        reference = train(
+            tmp_path, "reference", "reference", *options, f"source.cache_dir={tmp_path / 'caches-a'}"
+        )
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        killed = train(
+            tmp_path, "run", "run", *options, f"source.cache_dir={tmp_path / 'caches-b'}", kill_after_step=10
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        resumed = train(
+            tmp_path, "run", "run", *options, f"source.cache_dir={tmp_path / 'caches-c'}", "ckpt_path=last"
+        )
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        done_sampling.set()
+        sampler.join()
+    assert "resumes epoch 1 at batch" in resumed.stderr + resumed.stdout
+    for rank in range(2):
+        expected = batches(tmp_path / f"reference.rank{rank}")
+        assert len(expected) == 12  # two epochs of 6 batches a rank
+        assert batches(tmp_path / f"run.rank{rank}") == expected
+    assert len(peak) == 3 and all(0 < bytes_ <= limit for bytes_ in peak.values()), peak
+    fetched = [json.loads((d / ".stats").read_text())["bytes"] for d in tmp_path.glob("caches-a/chunks/*")]
+    assert fetched[0] > dataset  # two passes through a cache smaller than the data: chunks fetched again
+    assert not list(
+        tmp_path.glob("caches-*/chunks/*/*.part")
+    )  # the kill left no download to be read as whole
