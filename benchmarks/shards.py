@@ -21,12 +21,15 @@ machine; the table gives medians, the min-max, and each row's CPU against the an
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402 - standard library only at module level
+import shards_s3  # noqa: E402
 from peer_loaders import feedline_folder, feedline_loader  # noqa: E402
 from peer_work import crop_and_flip, decode_jpeg  # noqa: E402
 
@@ -72,7 +75,8 @@ def feedline_hdf5(data, args):
 def feedline_shards(data, args):
     from feedline.datasets.shards import ShardsSource
 
-    return feedline_loader(ShardsSource(data["shards"], val_fraction=0, cache_dir=data["cache"]), args)
+    source = ShardsSource(data["shards"], val_fraction=0, window=args.window, cache_dir=data["cache"])
+    return feedline_loader(source, args)
 
 
 def litdata_shards(data, args):
@@ -146,6 +150,72 @@ def verdict(rows: list[dict]) -> list[str]:
     return lines
 
 
+def s3_summary(name: str, runs: list[dict]) -> dict:
+    """Medians over the rounds of one S3 row: each pass's images/s and CPU-ms per image, and the rest."""
+    row = {"loader": name}
+    for k in (0, 1):
+        row[f"pass{k + 1}_images_per_s"] = statistics.median(
+            r["passes"][k]["images"] / r["passes"][k]["seconds"] for r in runs
+        )
+        row[f"pass{k + 1}_cpu_ms"] = statistics.median(
+            1000 * r["passes"][k]["cpu_seconds"] / r["passes"][k]["images"] for r in runs
+        )
+    for key in ("first_batch_s", "fetched", "peak"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["limit"] = runs[0]["limit"]
+    return row
+
+
+def print_s3_table(rows: list[dict]) -> None:
+    print(
+        "\n| from S3 | pass 1 images/s | pass 2 images/s | pass 1 CPU-ms/image | pass 2 CPU-ms/image "
+        "| first batch (s) | fetched (MB) | peak cache (MB) | limit (MB) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        limit = f"{row['limit'] / 1e6:.1f}" if row["limit"] else "none"
+        print(
+            f"| {row['loader']} | {row['pass1_images_per_s']:.0f} | {row['pass2_images_per_s']:.0f} "
+            f"| {row['pass1_cpu_ms']:.2f} | {row['pass2_cpu_ms']:.2f} | {row['first_batch_s']:.1f} "
+            f"| {row['fetched'] / 1e6:.1f} | {row['peak'] / 1e6:.1f} | {limit} |"
+        )
+
+
+def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
+    """Issue 30's targets, each against this run's own anchor."""
+    by_name = {row["loader"]: row for row in s3_rows}
+    local = {row["loader"]: row for row in rows}.get(SHARDS)
+    if not by_name:
+        return []
+    cold, warm, limited, anchor = (by_name[n] for n in shards_s3.ROWS)
+    lines = []
+    if local and local["cpu_ms"]:
+        ratio = warm["pass1_cpu_ms"] / local["cpu_ms"]
+        lines.append(
+            f"S3 warm pass CPU per image {ratio:.2f}x local shards (target <= 1.10x): "
+            f"{'met' if ratio <= 1.10 else 'NOT met'}"
+        )
+    for row in (cold, warm):  # (the limited row fetches again in its second pass, by design)
+        ratio = row["pass2_images_per_s"] / row["pass1_images_per_s"]
+        lines.append(
+            f"{row['loader']}: second pass {ratio:.2f}x the first's images/s (target >= 1.00x): "
+            f"{'met' if ratio >= 1.0 else 'NOT met'}"
+        )
+    for row in (cold, warm, limited):
+        ok = row["peak"] <= row["limit"]
+        lines.append(
+            f"{row['loader']}: peak cache {row['peak'] / 1e6:.1f} MB, limit {row['limit'] / 1e6:.1f} MB: "
+            f"{'met' if ok else 'NOT met'}"
+        )
+    if anchor["pass1_cpu_ms"]:
+        ratio = cold["pass1_cpu_ms"] / anchor["pass1_cpu_ms"]
+        lines.append(
+            f"S3 cold CPU per image {ratio:.2f}x LitData's loader from the same bucket (target <= 1.00x): "
+            f"{'met' if ratio <= 1.0 else 'NOT met'}"
+        )
+    return lines
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=3000)
@@ -154,6 +224,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--chunk-bytes", default="8MB", help="the shards' chunk size (out.chunk_bytes)")
     parser.add_argument(
+        "--window",
+        type=int,
+        default=4,
+        help="source.window of the shards rows (the S3 limit holds 2 windows)",
+    )
+    parser.add_argument(
+        "--s3", action="store_true", help="add the rows from a local S3 server (SeaweedFS): shards_s3.py"
+    )
+    parser.add_argument(
         "--batches", type=int, default=0, help="batches measured per run (0: the rest of one epoch)"
     )
     parser.add_argument("--loaders", default=None, help="comma-separated subset, by name")
@@ -161,7 +240,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--plan", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child and args.plan:
+        peers.report_and_exit(shards_s3.child(args.child, args))
     if args.child:
         peers.report_and_exit(peers.child(args.child, args, LOADERS))
 
@@ -175,11 +257,30 @@ def main(argv=None) -> dict:
         )
     names = [n for n in wanted if peers.installed(LOADERS[n][1])]
     data = prepare(args)
+    server = None
+    if args.s3:
+        server, data["s3_url"] = shards_s3.start_server(args.data_dir, data["shards"])
+        data["s3_env"] = server.env()
+        data["s3_bytes"] = sum(os.path.getsize(p) for p in glob.glob(os.path.join(data["shards"], "chunk-*")))
     runs: dict[str, list[dict]] = {n: [] for n in names}
-    for _ in range(args.rounds):
-        for name in names:
-            arguments = ["--child", name, *peers.child_arguments(data, args)]
-            runs[name].append(peers.in_overlay(None, arguments, what=name, script=__file__))
+    s3_runs: dict[str, list[dict]] = {n: [] for n in shards_s3.ROWS} if args.s3 else {}
+    try:
+        for round_ in range(args.rounds):
+            for name in names:
+                arguments = [
+                    "--child",
+                    name,
+                    *peers.child_arguments(data, args),
+                    "--window",
+                    str(args.window),
+                ]
+                runs[name].append(peers.in_overlay(None, arguments, what=name, script=__file__))
+            if args.s3:
+                for name, plan in shards_s3.plans(data, args, round_):
+                    s3_runs[name].append(shards_s3.measure(name, data, args, plan, __file__))
+    finally:
+        if server is not None:
+            server.stop()
     rows = [peers.summarise(name, runs[name], LOADERS) for name in names]
     ratios(rows)
     print(
@@ -188,12 +289,16 @@ def main(argv=None) -> dict:
         f"versions: {peers.versions()}\n"
     )
     print_table(rows)
-    lines = verdict(rows)
+    s3_rows = [s3_summary(name, found) for name, found in s3_runs.items()]
+    if s3_rows:
+        print_s3_table(s3_rows)
+    lines = verdict(rows) + s3_verdict(s3_rows, rows)
     for line in lines:
         print(line)
     result = {
         "args": {k: v for k, v in vars(args).items() if k not in ("data", "child")},
         "rows": rows,
+        "s3_rows": s3_rows,
         "verdict": lines,
         "versions": peers.versions(),
     }

@@ -103,3 +103,34 @@ def test_the_shards_benchmark_reads_the_same_images_four_ways_against_litdata_on
     assert len(result["verdict"]) == 2  # each target stated against this run's own anchor
     printed = capsys.readouterr().out
     assert "| feedline shards | shards |" in printed and "(target <= 1.10x)" in printed
+
+
+@pytest.mark.slow
+def test_the_shards_benchmark_streams_the_same_shards_from_s3_cold_warm_limited_and_through_litdata(
+    tmp_path, capsys
+):
+    shards = benchmark("shards")
+    args = [
+        "--images",
+        "100",
+        "--rounds",
+        "1",
+        "--batch-size",
+        "16",
+        "--chunk-bytes",
+        "200KB",
+        "--window",
+        "1",
+    ]
+    result = shards.main([*args, "--s3", "--loaders", "feedline shards", "--data-dir", str(tmp_path)])
+    rows = {row["loader"]: row for row in result["s3_rows"]}
+    assert set(rows) == set(benchmark("shards_s3").ROWS)
+    cold, warm, limited = (rows[n] for n in benchmark("shards_s3").ROWS[:3])
+    data = sum(p.stat().st_size for p in (tmp_path / "jpeg-100-shards-200KB").glob("chunk-*"))
+    assert cold["fetched"] == data and warm["fetched"] == 0  # the warm row reads the cold row's cache
+    assert limited["limit"] == data // 2 and limited["fetched"] > data  # evicted, fetched again
+    for row in rows.values():
+        assert row["pass1_images_per_s"] > 0 and row["pass2_images_per_s"] > 0 and row["peak"] > 0
+    assert all(row["peak"] <= row["limit"] for row in (cold, warm, limited))
+    assert len([line for line in result["verdict"] if "peak cache" in line]) == 3
+    assert "| feedline shards, S3 limited |" in capsys.readouterr().out
