@@ -256,15 +256,22 @@ def _litdata_sample(i):
 
 
 def test_a_dataset_written_by_plain_litdata_is_named_as_such_not_as_an_unfinished_conversion(tmp_path):
+    import multiprocessing
+
     from litdata import optimize
 
-    optimize(
-        fn=_litdata_sample,
-        inputs=list(range(6)),
-        output_dir=str(tmp_path / "lit"),
-        chunk_bytes="1KB",
-        num_workers=1,
-    )
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:  # optimize() sets the whole process's start method: the later tests' DataLoaders must still fork
+        optimize(
+            fn=_litdata_sample,
+            inputs=list(range(6)),
+            output_dir=str(tmp_path / "lit"),
+            chunk_bytes="1KB",
+            num_workers=1,
+            start_method="fork",
+        )
+    finally:
+        multiprocessing.set_start_method(method, force=True)
     with pytest.raises(FileNotFoundError, match="LitData wrote it without"):
         ShardsSource(tmp_path / "lit", cache_dir=tmp_path / "c")
 
