@@ -7,7 +7,8 @@ One directory per dataset, shared by every process of the node (ranks and their 
     <dir>/<chunk>.part      a download in progress: sized to the whole chunk when it starts (counted in full),
                             locked by its writer; one whose lock is free belongs to a dead writer and is removed
     <dir>/.lock             the directory lock: taken to admit a download, evict, or rename one into place
-    <dir>/.stats            chunks and bytes fetched (``fetched()``)
+    <dir>.stats             chunks and bytes fetched (``fetched()``): beside the directory, not in it, so that
+                            a limit of exactly the chunks it must hold holds them
 
 The bound: a download is admitted, under the directory lock, only when the sizes of every file in the
 directory plus its own fit ``limit``; to make room, complete chunks are evicted, least recently used first,
@@ -166,14 +167,22 @@ class ChunkCache:
     def _make_room(self, size: int) -> bool:
         """Under the directory lock: evict unread complete chunks, least recently used first, until ``size``
         more bytes fit the limit."""
-        used, chunks = 0, []
+        used, chunks, parts = 0, [], []
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
                     used += st.st_size
-                    if not entry.name.startswith(".") and not entry.name.endswith(".part"):
+                    if entry.name.endswith(".part"):
+                        parts.append((entry.path, st.st_size))
+                    elif not entry.name.startswith("."):
                         chunks.append((st.st_mtime_ns, entry.path, st.st_size))
+        for path, bytes_ in parts:
+            if used + size <= self.limit:
+                break
+            if not _held(path):  # its writer died (SIGKILL): its chunk may not be wanted again for a long time
+                _remove(path)
+                used -= bytes_
         for _, path, bytes_ in sorted(chunks):
             if used + size <= self.limit:
                 break
@@ -194,7 +203,7 @@ class ChunkCache:
         stats = self.fetched()
         stats["chunks"] += 1
         stats["bytes"] += int(size)
-        path = os.path.join(self.directory, ".stats")
+        path = self._stats_path()
         with open(path + ".new", "w") as f:
             json.dump(stats, f)
         os.replace(path + ".new", path)
@@ -202,10 +211,13 @@ class ChunkCache:
     def fetched(self) -> dict:
         """Chunks and bytes fetched into this cache since it was made."""
         try:
-            with open(os.path.join(self.directory, ".stats")) as f:
+            with open(self._stats_path()) as f:
                 return json.load(f)
         except (FileNotFoundError, ValueError):
             return {"chunks": 0, "bytes": 0}
+
+    def _stats_path(self) -> str:
+        return os.path.normpath(self.directory) + ".stats"
 
     @contextlib.contextmanager
     def _locked(self):
