@@ -180,7 +180,8 @@ class ChunkCache:
         for path, bytes_ in parts:
             if used + size <= self.limit:
                 break
-            if not _held(path):  # its writer died (SIGKILL): its chunk may not be wanted again for a long time
+            # its writer died (SIGKILL): its chunk may not be wanted again for a long time
+            if not _held(path):
                 _remove(path)
                 used -= bytes_
         for _, path, bytes_ in sorted(chunks):
