@@ -94,9 +94,13 @@ class ChunkCache:
             except FileNotFoundError:
                 self._download(name, size, fetch)
                 continue
-            if os.fstat(fd).st_size == size:
+            found = os.fstat(fd).st_size
+            if found == size:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
+            if found:  # a chunk of that name but another size (another dataset's): never read, fetched again
+                with self._locked():
+                    _evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
         while len(files) >= OPEN_FILES:

@@ -188,3 +188,15 @@ def test_a_limit_of_exactly_the_chunk_size_holds_one_chunk_after_another(tmp_pat
         assert read_whole(cache, name, fetch) == payload(name)
     assert cache.usage() <= cache.limit
     assert cache.fetched() == {"chunks": 3, "bytes": 3 * SIZE}
+
+
+def test_a_cached_chunk_of_the_name_but_another_size_is_fetched_again_not_waited_on(tmp_path):
+    """A chunk left by an earlier dataset of the same name and another size (converted again): it looped on
+    'evicted between open and check' forever."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a").write_bytes(b"old" * 500)  # 1500 bytes, from before
+    cache, got = ChunkCache(tmp_path / "c", 10 * SIZE), []
+    reader = threading.Thread(target=lambda: got.append(read_whole(cache, "a", fetcher())), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got == [payload("a")]

@@ -314,7 +314,7 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
     def sample():
         while not done_sampling.is_set():
             for directory in tmp_path.glob("caches-*/chunks/*"):
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                     used = sum(entry.stat().st_size for entry in os.scandir(directory))
                     peak[directory] = max(peak.get(directory, 0), used)
             time.sleep(0.002)
@@ -392,3 +392,26 @@ def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch
     except StoreError:
         return  # refused: the chunk cache removes the download, the run names the chunk
     assert Out.data in (versions["v1"], versions["v2"]), Out.data
+
+
+def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_server, local_shards, tmp_path):
+    """The same URL written again in another order (out.seed): the chunks have the same names, and here the
+    same sizes; a cache keyed by the URL alone served the bytes of the dataset before."""
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import convert_source
+
+    source = FolderSource(
+        simple_tree(tmp_path / "tree", per_class=10), val_fraction=0, cache_dir=tmp_path / "c"
+    )
+    again = tmp_path / "again"
+    convert_source(
+        source, WriteOptions(path=str(again), format="shards", chunk_bytes="2KB", workers=1, seed=1)
+    )
+    url = s3_server.new_prefix() + "/train"
+    for local in (local_shards, again):
+        upload_dir(s3_server, local, url)
+        records = remote_source(s3_server, url, tmp_path, cache_limit="200KB").split("train")
+        expected = ShardsSource(local, val_fraction=0, cache_dir=tmp_path / "c2").split("train")
+        for i in range(len(expected)):
+            assert bytes(records.chunks.read(i)[0]) == bytes(expected.chunks.read(i)[0]), i
