@@ -50,7 +50,14 @@ class ChunkCache:
 
     def __init__(self, directory: str, limit: int, key: str = "source.cache_limit"):
         self.directory, self.limit, self.key = str(directory), int(limit), key
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"cannot make the chunk cache {self.directory}: {err.strerror}; point source.cache_dir (or "
+                f"paths.cache_dir, FEEDLINE_CACHE_DIR) at a writable directory",
+            ) from None
         self._files: collections.OrderedDict | None = None
         self._pid = None
 

@@ -200,3 +200,9 @@ def test_a_cached_chunk_of_the_name_but_another_size_is_fetched_again_not_waited
     reader.start()
     reader.join(10)
     assert got == [payload("a")]
+
+
+def test_a_cache_directory_that_cannot_be_made_names_the_setting(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OSError, match=r"chunk cache .*afile/c.*source.cache_dir"):
+        ChunkCache(tmp_path / "afile" / "c", 10 * SIZE)
