@@ -19,9 +19,10 @@ from feedline.datasets.chunks import ChunkError, Chunks
 from feedline.datasets.stores import StoreError
 
 
-def cache_directory(cache_root: str, url: str, endpoint: str) -> str:
-    """One cache directory per dataset URL and endpoint (the same URL on two endpoints is two datasets)."""
-    digest = hashlib.blake2b(f"{endpoint}\n{url}".encode(), digest_size=8).hexdigest()
+def cache_directory(cache_root: str, url: str, endpoint: str, version: str = "") -> str:
+    """One cache directory per dataset URL, endpoint and ``version`` (the same URL on two endpoints is two
+    datasets, and so is a URL converted again)."""
+    digest = hashlib.blake2b(f"{endpoint}\n{url}\n{version}".encode(), digest_size=8).hexdigest()
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in url.split("://", 1)[-1])[:60]
     return os.path.join(os.path.expanduser(str(cache_root)), "chunks", f"{name}-{digest}")
 

@@ -7,7 +7,8 @@ One directory per dataset, shared by every process of the node (ranks and their 
     <dir>/<chunk>.part      a download in progress: sized to the whole chunk when it starts (counted in full),
                             locked by its writer; one whose lock is free belongs to a dead writer and is removed
     <dir>/.lock             the directory lock: taken to admit a download, evict, or rename one into place
-    <dir>/.stats            chunks and bytes fetched (``fetched()``)
+    <dir>.stats             chunks and bytes fetched (``fetched()``): beside the directory, not in it, so that
+                            a limit of exactly the chunks it must hold holds them
 
 The bound: a download is admitted, under the directory lock, only when the sizes of every file in the
 directory plus its own fit ``limit``; to make room, complete chunks are evicted, least recently used first,
@@ -49,7 +50,14 @@ class ChunkCache:
 
     def __init__(self, directory: str, limit: int, key: str = "source.cache_limit"):
         self.directory, self.limit, self.key = str(directory), int(limit), key
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"cannot make the chunk cache {self.directory}: {err.strerror}; point source.cache_dir (or "
+                f"paths.cache_dir, FEEDLINE_CACHE_DIR) at a writable directory",
+            ) from None
         self._files: collections.OrderedDict | None = None
         self._pid = None
 
@@ -93,9 +101,13 @@ class ChunkCache:
             except FileNotFoundError:
                 self._download(name, size, fetch)
                 continue
-            if os.fstat(fd).st_size == size:
+            found = os.fstat(fd).st_size
+            if found == size:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
+            if found:  # a chunk of that name but another size (another dataset's): never read, fetched again
+                with self._locked():
+                    _evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
         while len(files) >= OPEN_FILES:
@@ -166,14 +178,23 @@ class ChunkCache:
     def _make_room(self, size: int) -> bool:
         """Under the directory lock: evict unread complete chunks, least recently used first, until ``size``
         more bytes fit the limit."""
-        used, chunks = 0, []
+        used, chunks, parts = 0, [], []
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
                     used += st.st_size
-                    if not entry.name.startswith(".") and not entry.name.endswith(".part"):
+                    if entry.name.endswith(".part"):
+                        parts.append((entry.path, st.st_size))
+                    elif not entry.name.startswith("."):
                         chunks.append((st.st_mtime_ns, entry.path, st.st_size))
+        for path, bytes_ in parts:
+            if used + size <= self.limit:
+                break
+            # its writer died (SIGKILL): its chunk may not be wanted again for a long time
+            if not _held(path):
+                _remove(path)
+                used -= bytes_
         for _, path, bytes_ in sorted(chunks):
             if used + size <= self.limit:
                 break
@@ -194,7 +215,7 @@ class ChunkCache:
         stats = self.fetched()
         stats["chunks"] += 1
         stats["bytes"] += int(size)
-        path = os.path.join(self.directory, ".stats")
+        path = self._stats_path()
         with open(path + ".new", "w") as f:
             json.dump(stats, f)
         os.replace(path + ".new", path)
@@ -202,10 +223,13 @@ class ChunkCache:
     def fetched(self) -> dict:
         """Chunks and bytes fetched into this cache since it was made."""
         try:
-            with open(os.path.join(self.directory, ".stats")) as f:
+            with open(self._stats_path()) as f:
                 return json.load(f)
         except (FileNotFoundError, ValueError):
             return {"chunks": 0, "bytes": 0}
+
+    def _stats_path(self) -> str:
+        return os.path.normpath(self.directory) + ".stats"
 
     @contextlib.contextmanager
     def _locked(self):

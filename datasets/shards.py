@@ -124,7 +124,7 @@ class ShardsSource(Source):
                     )
             if len(parts) > 1:
                 check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
-            chunks = self._chunks(store, parts, path, key)
+            chunks = self._chunks(store, parts, path, key, sidecars)
             labels = np.concatenate([_labels(store, rel) for rel in parts])
             if len(labels) != chunks.total or (
                 len(labels) and not 0 <= labels.min() <= labels.max() < len(classes)
@@ -157,13 +157,18 @@ class ShardsSource(Source):
             }
         return self._datasets[path]
 
-    def _chunks(self, store, parts: list[str], path: str, key: str):
+    def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict]):
         """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
-        hold what the order reads at once: two windows of the largest chunks."""
+        hold what the order reads at once: two windows of the largest chunks. The cache directory is the
+        URL's and this conversion's (its index.json files and sidecars): a dataset converted again at the same
+        URL never reads the chunks cached from the one before (same names, other bytes)."""
         if not store.remote:
             return Chunks.of([store.where(rel) for rel in parts])
         root = self.cache_dir or default_cache_dir()
-        directory = cache_directory(root, store.url, store.endpoint)
+        version = hashlib.blake2b(json.dumps(sidecars, sort_keys=True, default=str).encode(), digest_size=8)
+        for rel in parts:
+            version.update(store.read(f"{rel}/index.json" if rel else "index.json"))
+        directory = cache_directory(root, store.url, store.endpoint, version.hexdigest())
         chunks = CachedChunks.of_store(store, parts, ChunkCache(directory, self.cache_limit))
         least = 2 * self.window * int(chunks.nbytes.max(initial=0))
         if self.cache_limit < least:

@@ -169,13 +169,15 @@ class S3Store:
         that breaks off is requested again from the byte it reached (bounded attempts, with backoff)."""
 
         def fetch(out) -> None:
-            done, attempt = 0, 0
+            done, attempt, etag = 0, 0, None
             while True:
-                extra = {"Range": f"bytes={done}-"} if done else {}
+                # the rest of the same object only (If-Match): a chunk replaced meanwhile is refused, never spliced
+                extra = {"Range": f"bytes={done}-", **({"IfMatch": etag} if etag else {})} if done else {}
                 try:
                     body = self._call(
                         "get_object", rel, Bucket=self.bucket, Key=self.object_key(rel), **extra
                     )
+                    etag = etag or body.get("ETag")
                     for piece in body["Body"].iter_chunks(1 << 20):
                         out.write(piece)
                         done += len(piece)
@@ -246,6 +248,8 @@ class S3Store:
                 text = f"{url}: {endpoint} refused the credentials ({code or status}): {CREDENTIALS_HELP}"
             elif code == "NoSuchBucket":
                 text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {ENDPOINT_HELP}"
+            elif code in ("PreconditionFailed", "412") or status == "412":
+                text = f"{url} was replaced at {endpoint} while it was being fetched: the dataset was written again; start the run again"
             elif code in ("404", "NoSuchKey", "NotFound"):
                 text = f"{url} does not exist at {endpoint}"
             else:

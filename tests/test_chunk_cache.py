@@ -163,3 +163,46 @@ def test_processes_sharing_a_cache_stay_under_its_limit_and_fetch_each_chunk_onc
     if limit_chunks >= len(names):
         assert sorted(fetched) == names  # each once, though four processes wanted each
     assert not [n for n in os.listdir(directory) if n.endswith(".part")]
+
+
+def test_a_dead_download_of_a_chunk_no_one_wants_does_not_take_the_room(tmp_path, monkeypatch):
+    """A run killed mid-download (its .part's lock is free) and resumed with another order: the dead .part
+    of a chunk not wanted now is removed to make room, instead of holding the limit until a timeout."""
+    monkeypatch.setattr(chunk_cache, "NO_ROOM_TIMEOUT", 1.0)
+    directory = tmp_path / "c"
+    cache, fetch = ChunkCache(directory, 2 * SIZE + 100), fetcher()
+    for dead in ("x", "y"):  # two workers killed while downloading x and y: nobody holds their locks
+        with open(directory / f"{dead}.part", "wb") as f:
+            f.truncate(SIZE)
+    assert read_whole(cache, "a", fetch) == payload("a")
+    assert not (directory / "x.part").exists() or not (directory / "y.part").exists()
+    assert cache.usage() <= cache.limit
+
+
+def test_a_limit_of_exactly_the_chunk_size_holds_one_chunk_after_another(tmp_path, monkeypatch):
+    """The bookkeeping file (.stats) must not take the room a chunk of exactly the limit needs: the second
+    chunk otherwise waits NO_ROOM_TIMEOUT and fails with 'every chunk there is being read'."""
+    monkeypatch.setattr(chunk_cache, "NO_ROOM_TIMEOUT", 1.0)
+    cache, fetch = ChunkCache(tmp_path / "c", SIZE), fetcher()
+    for name in ["a", "b", "a"]:
+        assert read_whole(cache, name, fetch) == payload(name)
+    assert cache.usage() <= cache.limit
+    assert cache.fetched() == {"chunks": 3, "bytes": 3 * SIZE}
+
+
+def test_a_cached_chunk_of_the_name_but_another_size_is_fetched_again_not_waited_on(tmp_path):
+    """A chunk left by an earlier dataset of the same name and another size (converted again): it looped on
+    'evicted between open and check' forever."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a").write_bytes(b"old" * 500)  # 1500 bytes, from before
+    cache, got = ChunkCache(tmp_path / "c", 10 * SIZE), []
+    reader = threading.Thread(target=lambda: got.append(read_whole(cache, "a", fetcher())), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got == [payload("a")]
+
+
+def test_a_cache_directory_that_cannot_be_made_names_the_setting(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OSError, match=r"chunk cache .*afile/c.*source.cache_dir"):
+        ChunkCache(tmp_path / "afile" / "c", 10 * SIZE)
