@@ -135,6 +135,12 @@ def verdict(rows: list[dict]) -> list[str]:
     if SHARDS not in by_name:
         return []
     shards, lines = by_name[SHARDS], []
+    unmeasured = [r["loader"] for r in rows if not r["cpu_ms"]]
+    if unmeasured:  # a run too short for psutil's CPU clock: no ratio, and no target judged
+        lines.append(
+            f"CPU time under the clock's resolution for {', '.join(unmeasured)} (0.00 ms per image): "
+            "too few images to compare CPU per image; run with more --images"
+        )
     if shards["vs_anchor"] is not None:
         ok = shards["vs_anchor"] <= 1.0
         lines.append(

@@ -93,8 +93,9 @@ def dataset_parts(where, key: str = "source.path") -> list[str]:
     missing = [k for k in range(parts) if k not in dirs or not is_complete(store, dirs[k])]
     if missing:
         names = ", ".join(part_name(k, parts) for k in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        verb = "is" if len(missing) == 1 else "are"
         raise FileNotFoundError(
-            f"{key} '{path}' is a dataset in {parts} parts, and {len(missing)} are missing or unfinished: {names}. "
+            f"{key} '{path}' is a dataset in {parts} parts, and {len(missing)} {verb} missing or unfinished: {names}. "
             f"Run python convert.py ... out.path={path} out.part=K out.parts={parts} for each"
         )
     return [dirs[k] for k in range(parts)]

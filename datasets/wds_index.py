@@ -64,7 +64,10 @@ def open_index(path: str, label_key: str, cache_dir=None, key: str = "source.pat
 def _build(tars: list[str], label_key: str, where: str) -> dict:
     rows, names, raw, skipped = [], [], [], []
     for t, tar in enumerate(tars):
-        samples, left = scan_tar(tar, label_key)
+        try:
+            samples, left = scan_tar(tar, label_key)
+        except TarError as err:  # named by its key too, so that train.py prints it without a traceback
+            raise TarError(f"{where}: {err}") from None
         skipped += left
         for member, offset, size, label in samples:
             rows.append((t, offset, size))

@@ -100,3 +100,21 @@ def test_reduced_decode_benchmark_runs_and_writes_json(tmp_path):
         "feedline, reduced decode",
     }
     assert all(r["images_per_s"] > 0 for r in rows.values())
+
+
+def test_shards_verdict_says_when_cpu_was_too_short_to_measure():
+    """A tiny run whose CPU time stays under psutil's tick prints 0.00 and blank ratios: it says why."""
+    sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
+    try:
+        import shards as bench_shards
+    finally:
+        sys.path.pop(0)
+    rows = [
+        {"loader": "feedline folder", "cpu_ms": 0.83},
+        {"loader": bench_shards.HDF5, "cpu_ms": 0.0},
+        {"loader": bench_shards.SHARDS, "cpu_ms": 0.0},
+        {"loader": bench_shards.ANCHOR, "cpu_ms": 0.0},
+    ]
+    bench_shards.ratios(rows)
+    lines = bench_shards.verdict(rows)
+    assert any("more --images" in line and bench_shards.SHARDS in line for line in lines), lines

@@ -171,7 +171,7 @@ def test_two_parts_written_by_two_processes_read_as_one_dataset_in_part_order(tm
     out = tmp_path / "shards"
     first = _conversion(tree, out, 0, 2)
     with pytest.raises(
-        FileNotFoundError, match=r"in 2 parts, and 1 are missing or unfinished: part-00001-of-00002"
+        FileNotFoundError, match=r"in 2 parts, and 1 is missing or unfinished: part-00001-of-00002"
     ):
         first.communicate(timeout=120)
         dataset_dirs(str(out))
@@ -404,3 +404,18 @@ def test_a_resume_in_another_chunk_order_is_refused_by_name(make_cfg, tmp_path, 
     assert other.checks["split"] == first.checks["split"]  # the same rows: only the order differs
     with pytest.raises(ResumeError, match=rf"train order \(source.window over the shards' chunks\) {said}"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "written, said", [((0,), "1 is missing or unfinished"), ((), "2 are missing or unfinished")]
+)
+def test_missing_parts_are_counted_in_words(tmp_path, written, said):
+    for k in written:  # a complete part: its index.json and sidecar (their contents are read later)
+        part = tmp_path / f"part-0000{k}-of-00002"
+        part.mkdir()
+        (part / "index.json").write_text("{}")
+        (part / "feedline.json").write_text("{}")
+    for k in set(range(2)) - set(written):
+        (tmp_path / f"part-0000{k}-of-00002").mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"in 2 parts, and {said}: "):
+        dataset_dirs(str(tmp_path))

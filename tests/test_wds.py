@@ -281,3 +281,15 @@ def test_a_wds_source_trains_through_the_datamodule(make_cfg, tmp_path):
     datamodule.setup("fit")
     batch = next(iter(datamodule.train_dataloader()))
     assert datamodule.classes == ["0", "1", "2"] and len(batch.label) == 4
+
+
+def test_a_bad_tar_names_the_key_so_train_py_prints_it_alone(tmp_path):
+    """train.py prints a ValueError without its traceback only when it names its config key."""
+    from feedline.cli.instantiate import _NAMES_A_KEY
+
+    wds_tars(tmp_path / "tars", tars=1, per_tar=4)
+    bad = tmp_path / "tars" / "shards-000000.tar"
+    bad.write_bytes(gzip.compress(bad.read_bytes()))
+    with pytest.raises(TarError, match="gzip-compressed") as err:
+        WdsSource(str(bad), cache_dir=str(tmp_path / "c")).prepare()
+    assert str(err.value).startswith(f"source.path '{bad}': ") and _NAMES_A_KEY.search(str(err.value))
