@@ -154,6 +154,8 @@ def measure(name: str, data: dict, args, plan: dict, script: str) -> dict:
         while not done.is_set():
             total = 0
             for root, _, files in os.walk(watched):
+                if root == watched and not name.startswith("LitData"):
+                    continue  # beside the dataset directories: their <dir>.stats, not chunks
                 for f in files:
                     with contextlib.suppress(FileNotFoundError):
                         total += os.stat(os.path.join(root, f)).st_size
