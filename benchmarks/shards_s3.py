@@ -12,6 +12,8 @@ sampling costs the measured process nothing), against the limit.
     limited  an empty directory and a limit of half the data: chunks evicted and fetched again
     LitData  StreamingDataset + StreamingDataLoader from the same bucket, with the allow_http switch an
              http:// endpoint needs (``litdata_http.py``), its own cache directory, no limit
+    local    the same shards from the local disk, measured by this same two-pass child (with the same
+             sampling beside it): the baseline of the warm rows
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import time
 
 from peer_work import crop_and_flip, decode_jpeg
 
-ROWS = ("feedline shards, S3 cold", "feedline shards, S3 warm", "feedline shards, S3 limited", "LitData, S3")
+ROWS = (
+    "feedline shards, S3 cold",
+    "feedline shards, S3 warm",
+    "feedline shards, S3 limited",
+    "LitData, S3",
+    "feedline shards, local disk",
+)
 
 
 def start_server(data_dir: str, shards: str):
@@ -51,6 +59,7 @@ def plans(data: dict, args, round_: int) -> list[tuple[str, dict]]:
         (ROWS[1], {"cache": base + "-cold", "limit": 4 * data_bytes}),
         (ROWS[2], {"cache": base + "-limited", "limit": data_bytes // 2}),
         (ROWS[3], {"cache": base + "-litdata", "limit": None}),
+        (ROWS[4], {"cache": base + "-local", "limit": None, "local": True}),
     ]
 
 
@@ -81,9 +90,16 @@ def build(name: str, data: dict, args, plan: dict):
 
     from feedline.datasets.shards import ShardsSource
 
-    source = ShardsSource(
-        data["s3_url"], val_fraction=0, window=args.window, cache_dir=plan["cache"], cache_limit=plan["limit"]
-    )
+    if plan.get("local"):  # the warm rows' baseline, measured the same way
+        source = ShardsSource(data["shards"], val_fraction=0, window=args.window, cache_dir=plan["cache"])
+    else:
+        source = ShardsSource(
+            data["s3_url"],
+            val_fraction=0,
+            window=args.window,
+            cache_dir=plan["cache"],
+            cache_limit=plan["limit"],
+        )
     return feedline_loader(source, args)
 
 
@@ -105,7 +121,7 @@ def child(name: str, args) -> dict:
                 total += sum(proc.cpu_times()[:2])
         return total
 
-    cache = None if name.startswith("LitData") else loader.dataset.records.chunks.cache
+    cache = getattr(loader.dataset.records.chunks, "cache", None) if not name.startswith("LitData") else None
     before = cache.fetched()["bytes"] if cache else 0
     passes, first = [], None
     for number in range(2):
@@ -172,7 +188,7 @@ def measure(name: str, data: dict, args, plan: dict, script: str) -> dict:
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    if result["fetched"] is None:  # LitData: what its cache directory holds afterwards
+    if result["fetched"] is None and name.startswith("LitData"):  # what its cache directory holds afterwards
         result["fetched"] = sum(
             os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(plan["cache"]) for f in fs
         )
