@@ -256,35 +256,38 @@ class _Bounded:
         return n
 
 
-def _held(path: str) -> bool:
-    """Whether a live process holds ``path``'s lock (a download's writer)."""
+def _locked_exclusively(path: str, flags: int) -> int | None:
+    """A descriptor of ``path`` (opened with ``flags``) holding its exclusive lock, or None when the file is
+    gone or another process holds a lock on it (a download's writer, a reader mid-read)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
+        return fd
     except OSError as err:
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return True
-        raise
-    finally:
         os.close(fd)
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+
+
+def _held(path: str) -> bool:
+    """Whether a live process holds ``path``'s lock (a download's writer)."""
+    fd = _locked_exclusively(path, os.O_RDONLY)
+    if fd is None:
+        return os.path.exists(path)
+    os.close(fd)
+    return False
 
 
 def _evict(path: str) -> bool:
     """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
     where a process holds it open (that process sees 0 bytes and fetches it again)."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False  # being read now
+    fd = _locked_exclusively(path, os.O_RDWR)
+    if fd is None:
+        return False  # gone, or being read now
     try:
         os.ftruncate(fd, 0)
         os.unlink(path)
