@@ -19,25 +19,35 @@ from feedline.datasets.chunks import ChunkError, Chunks
 from feedline.datasets.stores import StoreError
 
 
-def cache_directory(cache_root: str, url: str, endpoint: str, version: str = "") -> str:
-    """One cache directory per dataset URL, endpoint and ``version`` (the same URL on two endpoints is two
-    datasets, and so is a URL converted again)."""
-    digest = hashlib.blake2b(f"{endpoint}\n{url}\n{version}".encode(), digest_size=8).hexdigest()
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in url.split("://", 1)[-1])[:60]
-    return os.path.join(os.path.expanduser(str(cache_root)), "chunks", f"{name}-{digest}")
+def cache_directory(cache_root: str) -> str:
+    """The node's one chunk cache under ``cache_root``: every dataset, URL and endpoint share it and its limit
+    (a chunk's cache name tells them apart, ``CachedChunks.cache_name``), so train, val and a dataset
+    converted again never hold more than the limit together, and chunks no longer read age out."""
+    return os.path.join(os.path.expanduser(str(cache_root)), "chunks")
+
+
+def cache_name(base: str, rel: str, etag: str | None) -> str:
+    """A chunk's file name in the node's cache: its own name after a digest of ``base`` (endpoint, URL and
+    conversion), its path and ETag, so that no two datasets, nor two uploads of one, share a cached chunk."""
+    digest = hashlib.blake2b(f"{base}\n{rel}\n{etag or ''}".encode(), digest_size=8).hexdigest()
+    return f"{digest}-{rel.rsplit('/', 1)[-1]}"
 
 
 class CachedChunks(Chunks):
     """``files``: the chunks' names relative to ``store`` (``part-.../chunk-0-0.bin``)."""
 
-    def __init__(self, store, cache: ChunkCache, files: list[str], sizes, nbytes):
+    def __init__(
+        self, store, cache: ChunkCache, files: list[str], sizes, nbytes, listed: dict, names: list[str]
+    ):
         super().__init__(files, sizes, nbytes)
-        self.store, self.cache = store, cache
+        self.store, self.cache, self.listed, self.names = store, cache, listed, names
         self._offsets: dict[int, np.ndarray] = {}
         self._offsets_pid = None
 
     @classmethod
-    def of_store(cls, store, parts: list[str], cache: ChunkCache) -> CachedChunks:
+    def of_store(cls, store, parts: list[str], cache: ChunkCache, version: str = "") -> CachedChunks:
+        """``version``: the conversion's identity (its index.json files and sidecars). One listing of the
+        store pins each chunk's size and ETag for the run."""
         from feedline.datasets.chunks import load_index
 
         files, sizes, nbytes = [], [], []
@@ -46,10 +56,14 @@ class CachedChunks(Chunks):
                 files.append(f"{rel}/{chunk['filename']}" if rel else chunk["filename"])
                 sizes.append(int(chunk["chunk_size"]))
                 nbytes.append(int(chunk["chunk_bytes"]))
-        return cls(store, cache, files, sizes, nbytes)
+        wanted = set(files)
+        listed = {rel: entry for rel, entry in store.listing().items() if rel in wanted}
+        base = f"{store.endpoint}\n{store.url}\n{version}"
+        names = [cache_name(base, rel, (listed.get(rel) or (0, None))[1]) for rel in files]
+        return cls(store, cache, files, sizes, nbytes, listed, names)
 
     def __getstate__(self):
-        return self.store, self.cache, self.files, self.sizes, self.nbytes
+        return self.store, self.cache, self.files, self.sizes, self.nbytes, self.listed, self.names
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -58,25 +72,34 @@ class CachedChunks(Chunks):
         return self.store.where(self.files[c])
 
     def check_files(self) -> None:
-        """Every chunk in the store with the size index.json gives it: one listing."""
-        listed = self.store.sizes()
+        """Every chunk in the store, with the size index.json gives it and the ETag this run pinned: one
+        listing."""
+        now = self.store.listing()
         for c, rel in enumerate(self.files):
-            if rel not in listed:
+            if rel not in now:
                 raise ChunkError(
                     f"chunk {self.url(c)} is missing (index.json lists it): upload the dataset again, or convert "
                     f"it again"
                 )
-            if listed[rel] != int(self.nbytes[c]):
+            size, etag = now[rel]
+            if size != int(self.nbytes[c]):
                 raise ChunkError(
-                    f"chunk {self.url(c)} holds {listed[rel]} bytes, index.json says {int(self.nbytes[c])}: it is "
+                    f"chunk {self.url(c)} holds {size} bytes, index.json says {int(self.nbytes[c])}: it is "
                     f"truncated or was replaced; upload the dataset again, or convert it again"
+                )
+            if rel in self.listed and etag != self.listed[rel][1]:
+                raise ChunkError(
+                    f"chunk {self.url(c)} was replaced after this run listed it (ETag {self.listed[rel][1]} -> "
+                    f"{etag}): the dataset was written again under a running job; start the run again"
                 )
 
     def _bytes(self, c: int, offset: int, length: int) -> bytearray:
         rel = self.files[c]
-        name = rel.replace("/", "__")
+        etag = (self.listed.get(rel) or (0, None))[1]
         try:
-            return self.cache.read(name, int(self.nbytes[c]), offset, length, self.store.fetch(rel))
+            return self.cache.read(
+                self.names[c], int(self.nbytes[c]), offset, length, self.store.fetch(rel, etag)
+            )
         except StoreError as err:
             raise ChunkError(f"chunk {self.url(c)} could not be fetched: {err}") from None
 

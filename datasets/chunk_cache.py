@@ -1,6 +1,7 @@
 """A node's cache of chunks fetched from object storage, never above its byte limit on disk.
 
-One directory per dataset, shared by every process of the node (ranks and their workers), coordinated by
+One directory per node (``source.cache_dir``), shared by every process of the node (ranks and their
+workers) and every dataset they read (the callers name chunks apart), under one limit; coordinated by
 ``flock`` alone, so a process killed with SIGKILL leaves no lock behind:
 
     <dir>/<chunk>           a complete chunk, renamed into place once its bytes are all there
@@ -152,11 +153,14 @@ class ChunkCache:
                         fcntl.flock(fd, fcntl.LOCK_EX)
                         os.ftruncate(fd, size)  # the whole chunk is counted from the start
                         break
-                    waited_for_room = waited_for_room or time.monotonic()
-                    if time.monotonic() - waited_for_room > NO_ROOM_TIMEOUT:
+                    progress = self.fetched()["chunks"]
+                    if waited_for_room is None or progress != waited_for_room[1]:
+                        waited_for_room = (time.monotonic(), progress)  # others still fetch: room will come
+                    if time.monotonic() - waited_for_room[0] > NO_ROOM_TIMEOUT:
                         raise CacheFullError(
                             f"no room for chunk {name} ({size} bytes) in {self.directory} for "
-                            f"{NO_ROOM_TIMEOUT:.0f} s: every chunk there is being read or downloaded; raise "
+                            f"{NO_ROOM_TIMEOUT:.0f} s while no other chunk was fetched either: every chunk there is "
+                            f"being read or downloaded; raise "
                             f"{self.key} (now {self.limit} bytes)"
                         )
             time.sleep(WAIT)  # another process downloads it, or holds the room

@@ -159,17 +159,18 @@ class ShardsSource(Source):
 
     def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict]):
         """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
-        hold what the order reads at once: two windows of the largest chunks. The cache directory is the
-        URL's and this conversion's (its index.json files and sidecars): a dataset converted again at the same
-        URL never reads the chunks cached from the one before (same names, other bytes)."""
+        hold what the order reads at once: two windows of the largest chunks. The cache is the node's one
+        directory under source.cache_dir, its limit shared by every dataset there; a chunk's name there holds
+        the URL, this conversion (its index.json files and sidecars) and the chunk's ETag: a dataset converted
+        or uploaded again never reads the chunks cached from the one before (same names, other bytes)."""
         if not store.remote:
             return Chunks.of([store.where(rel) for rel in parts])
         root = self.cache_dir or default_cache_dir()
         version = hashlib.blake2b(json.dumps(sidecars, sort_keys=True, default=str).encode(), digest_size=8)
         for rel in parts:
             version.update(store.read(f"{rel}/index.json" if rel else "index.json"))
-        directory = cache_directory(root, store.url, store.endpoint, version.hexdigest())
-        chunks = CachedChunks.of_store(store, parts, ChunkCache(directory, self.cache_limit))
+        cache = ChunkCache(cache_directory(root), self.cache_limit)
+        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest())
         least = 2 * self.window * int(chunks.nbytes.max(initial=0))
         if self.cache_limit < least:
             raise ValueError(

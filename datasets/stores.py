@@ -145,14 +145,21 @@ class S3Store:
                 return sorted(names)
 
     def sizes(self, rel: str = "") -> dict[str, int]:
-        """Every object under ``rel`` (relative name -> bytes): one listing, to check chunks before a run."""
+        """Every object under ``rel`` (relative name -> bytes): one listing."""
+        return {name: size for name, (size, _) in self.listing(rel).items()}
+
+    def listing(self, rel: str = "") -> dict[str, tuple[int, str | None]]:
+        """Every object under ``rel``: relative name -> (bytes, ETag), one listing; the ETag pins the very
+        object listed, so a chunk replaced under a running job is refused rather than read (``fetch``)."""
         prefix = self.object_key(rel)
         prefix = prefix + "/" if prefix else ""
         out, token = {}, None
         while True:
             extra = {"ContinuationToken": token} if token else {}
             page = self._call("list_objects_v2", rel, Bucket=self.bucket, Prefix=prefix, **extra)
-            out.update({o["Key"][len(prefix) :]: int(o["Size"]) for o in page.get("Contents", [])})
+            out.update(
+                {o["Key"][len(prefix) :]: (int(o["Size"]), o.get("ETag")) for o in page.get("Contents", [])}
+            )
             token = page.get("NextContinuationToken")
             if not token:
                 return out
@@ -164,15 +171,19 @@ class S3Store:
         except Exception as err:
             raise self._error(err, rel) from err
 
-    def fetch(self, rel: str):
+    def fetch(self, rel: str, etag: str | None = None):
         """A chunk cache's fetch for object ``rel``: its bytes written to a file object, in order; a body
-        that breaks off is requested again from the byte it reached (bounded attempts, with backoff)."""
+        that breaks off is requested again from the byte it reached (bounded attempts, with backoff). With
+        ``etag`` (the listing's), only that very object is read: one replaced since is refused by name."""
 
         def fetch(out) -> None:
-            done, attempt, etag = 0, 0, None
+            nonlocal etag
+            done, attempt = 0, 0
             while True:
-                # the rest of the same object only (If-Match): a chunk replaced meanwhile is refused, never spliced
-                extra = {"Range": f"bytes={done}-", **({"IfMatch": etag} if etag else {})} if done else {}
+                # the same object only (If-Match): a chunk replaced meanwhile is refused, never spliced
+                extra = {"IfMatch": etag} if etag else {}
+                if done:
+                    extra["Range"] = f"bytes={done}-"
                 try:
                     body = self._call(
                         "get_object", rel, Bucket=self.bucket, Key=self.object_key(rel), **extra
@@ -249,7 +260,10 @@ class S3Store:
             elif code == "NoSuchBucket":
                 text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {ENDPOINT_HELP}"
             elif code in ("PreconditionFailed", "412") or status == "412":
-                text = f"{url} was replaced at {endpoint} while it was being fetched: the dataset was written again; start the run again"
+                text = (
+                    f"{url} was replaced at {endpoint} after this run listed it: the dataset was written again "
+                    f"under a running job; start the run again"
+                )
             elif code in ("404", "NoSuchKey", "NotFound"):
                 text = f"{url} does not exist at {endpoint}"
             else:

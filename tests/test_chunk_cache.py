@@ -206,3 +206,34 @@ def test_a_cache_directory_that_cannot_be_made_names_the_setting(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(OSError, match=r"chunk cache .*afile/c.*source.cache_dir"):
         ChunkCache(tmp_path / "afile" / "c", 10 * SIZE)
+
+
+def test_a_process_waiting_for_room_while_others_fetch_does_not_time_out(tmp_path, monkeypatch):
+    """No room for a while is not a full cache as long as other processes go on fetching (their chunks take
+    the room in turn): the no-room timer counts only time in which no chunk was fetched at all."""
+    monkeypatch.setattr(chunk_cache, "NO_ROOM_TIMEOUT", 0.5)
+    directory = tmp_path / "c"
+    cache, fetch = ChunkCache(directory, SIZE + 100), fetcher()
+    read_whole(cache, "a", fetch)
+    reading = open(directory / "a", "rb")  # noqa: SIM115 (closed mid-test, when the read ends)
+    fcntl.flock(reading, fcntl.LOCK_SH)  # another process mid-read: no room for b while it reads
+    stop = threading.Event()
+
+    def others_fetch():  # meanwhile chunks of the node still come and go (counted as fetched)
+        while not stop.wait(0.1):
+            cache._count(1)
+
+    busy = threading.Thread(target=others_fetch, daemon=True)
+    busy.start()
+    got = []
+    waiter = threading.Thread(
+        target=lambda: got.append(read_whole(ChunkCache(directory, SIZE + 100), "b", fetch))
+    )
+    waiter.start()
+    waiter.join(1.5)  # three timeouts' worth
+    assert waiter.is_alive() or got, "gave up with room being made elsewhere"
+    reading.close()  # the read ends: a goes, b comes
+    waiter.join(30)
+    stop.set()
+    busy.join()
+    assert got == [payload("b")]

@@ -343,11 +343,9 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
         assert len(expected) == 12  # two epochs of 6 batches a rank
         assert batches(tmp_path / f"run.rank{rank}") == expected
     assert len(peak) == 3 and all(0 < bytes_ <= limit for bytes_ in peak.values()), peak
-    fetched = [ChunkCache(d, 1).fetched()["bytes"] for d in tmp_path.glob("caches-a/chunks/*") if d.is_dir()]
-    assert fetched[0] > dataset  # two passes through a cache smaller than the data: chunks fetched again
-    assert not list(
-        tmp_path.glob("caches-*/chunks/*/*.part")
-    )  # the kill left no download to be read as whole
+    fetched = ChunkCache(tmp_path / "caches-a" / "chunks", 1).fetched()["bytes"]
+    assert fetched > dataset  # two passes through a cache smaller than the data: chunks fetched again
+    assert not list(tmp_path.glob("caches-*/chunks/*.part"))  # the kill left no download to be read as whole
 
 
 def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch):
@@ -415,3 +413,41 @@ def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_se
         expected = ShardsSource(local, val_fraction=0, cache_dir=tmp_path / "c2").split("train")
         for i in range(len(expected)):
             assert bytes(records.chunks.read(i)[0]) == bytes(expected.chunks.read(i)[0]), i
+
+
+def test_a_chunk_replaced_under_a_running_job_is_refused_by_name_not_read(s3_server, remote, tmp_path):
+    """The dataset written again (here one chunk, same size, other bytes) while a job reads it: the job pinned
+    each chunk's ETag when it listed them, so the new bytes are never read as the old chunk's samples."""
+    source = remote_source(s3_server, remote, tmp_path)
+    records = source.split("train")
+    records.chunks.read(0)
+    bucket, prefix = remote[len("s3://") :].split("/", 1)
+    last = records.chunks.files[-1]  # not read yet: not in the cache
+    client = s3_server.client()
+    body = client.get_object(Bucket=bucket, Key=f"{prefix}/{last}")["Body"].read()
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{last}", Body=body[:-1] + bytes([body[-1] ^ 0xFF]))
+    with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} could not be fetched: .* was replaced"):
+        records.chunks.read(len(records) - 1)
+    with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} was replaced after this run listed it"):
+        source.prepare()
+    assert not list((tmp_path / "cache").rglob("*.part"))
+    fresh = remote_source(s3_server, remote, tmp_path).split("train")  # a new run lists the new bytes
+    assert bytes(fresh.chunks.read(len(fresh) - 1)[0]) != bytes(records.chunks.read(0)[0])
+
+
+def test_two_datasets_on_one_node_share_the_cache_and_its_limit(s3_server, local_shards, tmp_path):
+    """Train and val at two URLs (or two sources, or an old conversion): one cache directory, one bound for
+    all of them together, not one per dataset."""
+    urls = [s3_server.new_prefix() + "/train", s3_server.new_prefix() + "/train"]
+    for url in urls:
+        upload_dir(s3_server, local_shards, url)
+    dataset = sum(p.stat().st_size for p in local_shards.rglob("*.bin"))
+    sources = [remote_source(s3_server, url, tmp_path, cache_limit=dataset) for url in urls]
+    splits = [s.split("train") for s in sources]
+    cache = splits[0].chunks.cache
+    assert cache.directory == splits[1].chunks.cache.directory
+    for i in range(len(splits[0])):
+        for records in splits:
+            assert records.chunks.read(i)
+            assert cache.usage() <= dataset  # both datasets whole would be twice that
+    assert cache.fetched()["chunks"] > len(splits[0].chunks.files)  # each dataset in turn evicted the other
