@@ -163,15 +163,13 @@ def measure(name: str, data: dict, args, plan: dict, script: str) -> dict:
         str(args.window),
     ]
     peak, done = [0], threading.Event()
-    # feedline's chunk cache (its split arrays live beside it in the same cache_dir); LitData's whole directory
+    # feedline's chunk cache (its split arrays and chunks.stats live beside it); LitData's whole directory
     watched = plan["cache"] if name.startswith("LitData") else os.path.join(plan["cache"], "chunks")
 
     def sample():
         while not done.is_set():
             total = 0
             for root, _, files in os.walk(watched):
-                if root == watched and not name.startswith("LitData"):
-                    continue  # beside the dataset directories: their <dir>.stats, not chunks
                 for f in files:
                     with contextlib.suppress(FileNotFoundError):
                         total += os.stat(os.path.join(root, f)).st_size
