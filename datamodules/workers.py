@@ -28,7 +28,6 @@ import sys
 import numpy as np
 import torch
 
-
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
 HEAP_KEEP = 256 << 20  # free memory a worker keeps at its heap's top before giving it back
 HEAP_MMAP = 32 << 20  # allocations at least this large get their own mapping (glibc's largest threshold)
