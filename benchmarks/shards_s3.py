@@ -1,8 +1,9 @@
 """The rows of ``benchmarks/shards.py --s3``: the same shards streamed from a local S3 server (SeaweedFS,
 ``tests/s3_server.py``), through feedline's chunk cache and through LitData's own loader.
 
-Each row is two passes (epochs) in one fresh process: the first pass after two warm-up batches, the second
-whole, each with images/s and the process tree's CPU-ms per image; the time to the first batch from the
+Each row is two passes (epochs) in one fresh process, each measured alike from its third batch (the first two
+of a pass wait on workers starting or refilling their prefetch), each with images/s and the process tree's
+CPU-ms per image; the time to the first batch from the
 process's start; the bytes fetched (the cache's own count; LitData: the size of its cache directory
 afterwards); and the peak bytes of the cache directory, sampled every 5 ms from the parent process (so the
 sampling costs the measured process nothing), against the limit.
@@ -124,15 +125,13 @@ def child(name: str, args) -> dict:
     cache = getattr(loader.dataset.records.chunks, "cache", None) if not name.startswith("LitData") else None
     before = cache.fetched()["bytes"] if cache else 0
     passes, first = [], None
-    for number in range(2):
+    for _ in range(2):
         count, clock, cpu_start = 0, None, None
-        if number == 1:  # the second pass whole, from its iter()
-            clock, cpu_start = time.perf_counter(), cpu()
         for k, batch in enumerate(loader):
             if first is None:
                 first = time.time() - started
             if clock is None:
-                if k == 2:  # the first pass after two warm-up batches (workers starting)
+                if k == 2:  # after two batches: workers starting (pass 1) or refilling (pass 2)
                     clock, cpu_start = time.perf_counter(), cpu()
                 continue
             count += len(batch[0])
