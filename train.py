@@ -68,6 +68,7 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
         "output_dir": os.path.abspath(cfg.paths.output_dir),
         "metrics": metrics,
         "samples": {split: len(dataset) for split, dataset in datamodule.datasets.items()},
+        "drawn_per_epoch": datamodule.drawn(),  # source=mix: samples each part gives an epoch
         "skipped": {
             split: dataset.bad.count for split, dataset in datamodule.datasets.items() if dataset.bad
         },

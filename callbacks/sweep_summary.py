@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("feedline")
 
-COLUMNS = ("job", "source", "overrides", "val_acc", "samples_per_s", "output_dir")
+COLUMNS = ("job", "source", "overrides", "val_acc", "samples_per_s", "drawn", "output_dir")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -43,6 +43,8 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "overrides": " ".join(overrides or []),
                 "val_acc": summary.get("val_acc"),
                 "samples_per_s": summary.get("train_samples_per_s"),
+                # source=mix: what each part gave an epoch
+                "drawn": ", ".join(f"{k} {v}" for k, v in (summary.get("drawn_per_epoch") or {}).items()),
                 "output_dir": str(job_dir) if summary else f"{job_dir} (no summary.json: the job failed)",
             }
         )

@@ -49,9 +49,9 @@ from feedline.datamodules.train_loader import TrainLoader
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
-from feedline.transforms.collate import Collate, DefaultCollate, WithPaths
+from feedline.transforms.collate import Collate, DefaultCollate, WithParts, WithPaths
 from feedline.transforms.deferred import defer_crop
-from feedline.transforms.stacks import TransformStacks
+from feedline.transforms.stacks import TransformStacks, compose
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +221,16 @@ class ImageLoaders(TrainLoader, DeviceBatch):
                 raise ValueError(f"the test split is empty: {message}")
             log.warning("the val split is empty: %s", message)
         transform = self.transforms.train if split == "train" else self.transforms.eval
+        # a mix's parts with a train stack of their own (source.parts.<name>.transforms)
+        own = (
+            self.source.part_transforms()
+            if split == "train" and hasattr(self.source, "part_transforms")
+            else {}
+        )
+        parts = {k: compose(stack) for k, stack in own.items()}
         if getattr(self.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
             transform = defer_crop(transform)
+            parts = {k: defer_crop(t) for k, t in parts.items()}
         return SampleDataset(
             records,
             transform,
@@ -231,7 +239,21 @@ class ImageLoaders(TrainLoader, DeviceBatch):
             self.max_pixels,
             self.max_bad_fraction,
             with_paths=split == "predict",
+            part_transforms=parts,
+            with_parts=split in ("val", "test") and hasattr(records, "part_of"),
         )
+
+    def part_names(self, split: str = "val") -> list[str] | None:
+        """The parts of a mix (``source=mix``) that ``split`` holds, as ``batch.part`` numbers them; None for
+        any other source."""
+        dataset = self.datasets.get(split)
+        return list(dataset.records.names) if dataset is not None and dataset.with_parts else None
+
+    def drawn(self) -> dict[str, int] | None:
+        """A mix's samples per part per epoch (``source=mix``); None for any other source."""
+        dataset = self.datasets.get("train")
+        drawn = getattr(dataset.records, "drawn", None) if dataset is not None else None
+        return drawn() if callable(drawn) else None
 
     def val_dataloader(self):
         if not len(self._split("val")):
@@ -279,4 +301,6 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         if split == "predict":  # batches name their files; one of unreadable files only is skipped
             settings["collate_fn"] = WithPaths(settings["collate_fn"])
             return PredictLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)
+        if dataset.with_parts:  # a mix's val/test batches say each sample's part (batch.part)
+            settings["collate_fn"] = WithParts(settings["collate_fn"])
         return DataLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)

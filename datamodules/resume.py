@@ -82,6 +82,7 @@ class EpochSampler(DistributedSampler):
         position=None,
         epoch: int = 0,
         epoch_order=None,
+        drawn=None,
     ):
         super().__init__(
             range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
@@ -89,6 +90,7 @@ class EpochSampler(DistributedSampler):
         # (seed, epoch) -> the epoch's rows in order: a source's own (records.epoch_order: shards draw chunk by
         # chunk), else a seeded permutation (order.epoch_order)
         self.epoch_order = epoch_order
+        self.drawn = drawn  # () -> {part: samples}: a mix's draw, logged as each epoch starts
         self.size = int(size)
         self.start = 0  # samples of the epoch's order consumed before the next iter() (once)
         self.position = position if position is not None else Position()
@@ -141,6 +143,11 @@ class EpochSampler(DistributedSampler):
             return (_epoch_key(self.seed, self.epoch, 0) + rows.astype(np.uint64) * _GOLDEN) >> np.uint64(1)
 
     def __iter__(self):
+        if self.drawn is not None and self.rank == 0:
+            drawn = self.drawn()
+            log.info(
+                "epoch %d draws %s (source=mix)", self.epoch, ", ".join(f"{k} {v}" for k, v in drawn.items())
+            )
         rows = self.order()
         self.start = 0
         return zip(rows.tolist(), self.seeds(rows).tolist())

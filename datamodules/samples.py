@@ -29,6 +29,10 @@ class SampleDataset(Dataset):
 
     ``with_paths`` (predict): samples are ``(image, label, path)``, and a skipped file is None rather than
     replaced, so the collate leaves it out of its batch: every file is predicted once or named as bad.
+
+    A mix's records (``source=mix``) tell each sample's part (``records.part_of``): ``part_transforms``
+    (part -> per-sample stack) replaces ``transform`` for that part's samples, and ``with_parts`` (val,
+    test) makes samples ``(image, label, part)``, for accuracy per part.
     """
 
     def __init__(
@@ -40,16 +44,20 @@ class SampleDataset(Dataset):
         max_pixels: int | None = _DEFAULTS.max_pixels,
         max_bad_fraction: float = _DEFAULTS.max_bad_fraction,
         with_paths: bool = False,
+        part_transforms: dict[int, Callable] | None = None,
+        with_parts: bool = False,
     ):
         self.records = records
         self.with_paths = bool(with_paths)
         self.transform = transform
+        self.part_transforms = dict(part_transforms or {})
+        self.with_parts = bool(with_parts)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.reduced_decode = bool(reduced_decode)
         self.max_pixels = max_pixels
         self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
         self.bad: BadSamples | None = None  # shared flags, set by the datamodule before workers start
-        self._floor = None
+        self._floors: dict = {}
 
     def share_bad_samples(self) -> None:
         """Put fresh bad-sample flags in shared memory, for the workers of the loader about to start."""
@@ -57,7 +65,7 @@ class SampleDataset(Dataset):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_floor"] = None  # a closure over the transform: rebuilt in the process that reads
+        state["_floors"] = {}  # closures over the transforms: rebuilt in the process that reads
         if state["bad"] is not None and not state["bad"].flags.is_shared():
             state["bad"] = None  # this process's own flags: a new process keeps its own
         return state
@@ -65,9 +73,24 @@ class SampleDataset(Dataset):
     @property
     def floor(self):
         """The smallest size the first transform needs, for reduced-size JPEG decoding (None: full size)."""
-        if self._floor is None and self.reduced_decode and self.transform is not None:
-            self._floor = minimum_size(self.transform) or False
-        return self._floor or None
+        return self._floor_of(None)
+
+    def _transform_of(self, part: int | None):
+        return self.part_transforms.get(part, self.transform) if part is not None else self.transform
+
+    def _floor_of(self, part: int | None):
+        """The floor of the stack that part ``part``'s samples go through (None: the split's own)."""
+        key = part if part in self.part_transforms else None
+        if key not in self._floors:
+            transform = self._transform_of(key)
+            self._floors[key] = (
+                minimum_size(transform) if self.reduced_decode and transform is not None else None
+            ) or False
+        return self._floors[key] or None
+
+    def _part(self, i: int) -> int | None:
+        part_of = getattr(self.records, "part_of", None)
+        return part_of(i) if part_of is not None and (self.part_transforms or self.with_parts) else None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -79,18 +102,19 @@ class SampleDataset(Dataset):
         getitems = getattr(self.records, "getitems", None)
         return getitems(indices) if getitems is not None else [self.records[i] for i in indices]
 
-    def decode(self, payload):
+    def decode(self, payload, part: int | None = None):
         """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it."""
-        return decode(payload, self.floor, self.max_pixels)
+        return decode(payload, self._floor_of(part), self.max_pixels)
 
-    def augment(self, image):
-        """The per-sample transform stack."""
-        return self.transform(image) if self.transform is not None else image
+    def augment(self, image, part: int | None = None):
+        """The per-sample transform stack (a mix's part's own, where it has one)."""
+        transform = self._transform_of(part)
+        return transform(image) if transform is not None else image
 
     # -- the pipeline -----------------------------------------------------------------------------
     def _decode(self, i: int):
         payload, label = self.records[i]
-        return self.decode(payload), label
+        return self.decode(payload, self._part(i)), label
 
     def __getitem__(self, key):
         i, seed = _split(key)
@@ -114,7 +138,7 @@ class SampleDataset(Dataset):
             if record is None:
                 image, label = self._decode(i)
             else:
-                image, label = self.decode(record[0]), record[1]
+                image, label = self.decode(record[0], self._part(i)), record[1]
         except (OSError, DecodeError) as err:
             self.bad_sample(i, err)
             if self.with_paths:
@@ -122,9 +146,12 @@ class SampleDataset(Dataset):
             image, label, used = self._substitute(i)
         if seed is not None:
             torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100
+        part = self._part(used)
         if self.with_paths:
-            return self.augment(image), label, self.records.describe(used)
-        return self.augment(image), label
+            return self.augment(image, part), label, self.records.describe(used)
+        if self.with_parts:
+            return self.augment(image, part), label, part
+        return self.augment(image, part), label
 
     def bad_sample(self, i: int, err: Exception) -> None:
         """Sample ``i`` could not be read or decoded (``err``): ``raise``, a ``BadSampleError`` naming it;

@@ -14,6 +14,12 @@ from feedline.datamodules.resume_checks import counted_in, lightning_position, s
 from feedline.datamodules.samples import SampleDataset
 
 
+def epoch_samples(dataset: SampleDataset) -> int:
+    """The samples an epoch reads: the split's, or what a source's own draw gives (a mix's epoch_size)."""
+    own = getattr(dataset.records, "epoch_samples", None)
+    return int(own()) if callable(own) else len(dataset)
+
+
 class TrainLoader:
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled by (seed, epoch), split over the ranks here rather than by Lightning, and resumable
@@ -22,13 +28,14 @@ class TrainLoader:
         dataset.share_bad_samples()
         settings = self.loader_settings()
         world_size, rank = self._world()[:2]
-        check_steps(len(dataset), settings["batch_size"], world_size, self.drop_last)
+        size = epoch_samples(dataset)
+        check_steps(size, settings["batch_size"], world_size, self.drop_last)
         seed = self.run_seed()
         self._pin_seed(seed)
         # The epoch training is at (Lightning builds the first iterator before it calls set_epoch).
         epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
         sampler = EpochSampler(
-            len(dataset),
+            size,
             world_size,
             rank,
             True,
@@ -37,6 +44,7 @@ class TrainLoader:
             self.position,
             epoch,
             epoch_order=getattr(dataset.records, "epoch_order", None),  # a source's own order, if it has one
+            drawn=getattr(dataset.records, "drawn", None),  # a mix: what each part gives an epoch, logged
         )
         return ResumableLoader(
             dataset,
@@ -54,7 +62,7 @@ class TrainLoader:
         if self._train_digest is None:  # once: one pass over the split's row array
             digest = getattr(dataset.records, "digest", None)
             self._train_digest = digest() if callable(digest) else ""
-        counts = {"samples": len(dataset), "classes": self.num_classes, "batch_size": batch_size}
+        counts = {"samples": epoch_samples(dataset), "classes": self.num_classes, "batch_size": batch_size}
         identity = getattr(
             dataset.records, "order_identity", None
         )  # a source's own order: what it draws from

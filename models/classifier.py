@@ -30,12 +30,15 @@ class ImageClassifier(L.LightningModule):
             x = x.float().div_(255)
         return self.net(x)
 
-    def _step(self, batch, stage: str):
+    def _step(self, batch, stage: str, right: list | None = None):
         image, target = batch[0], batch[1]
         logits = self(image)
         loss = F.cross_entropy(logits, target)  # accepts indices or per-class probabilities
         hard = target.argmax(dim=1) if target.dim() == 2 else target
-        acc = (logits.argmax(dim=1) == hard).float().mean()
+        correct = logits.argmax(dim=1) == hard
+        if right is not None:
+            right.append(correct)
+        acc = correct.float().mean()
         on_epoch = stage != "train"
         self.log(
             f"{stage}/loss",
@@ -60,7 +63,40 @@ class ImageClassifier(L.LightningModule):
         return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
+        right: list = []
+        self._step(batch, "val", right)
+        part = getattr(batch, "part", None)  # source=mix: each sample's part
+        if part is not None:
+            tally = self._part_tally(len(self._part_names()))
+            part = part.to(tally.device)
+            tally[:, 0].index_add_(0, part, right[0].to(tally.device, torch.float64))
+            tally[:, 1].index_add_(0, part, torch.ones_like(part, dtype=torch.float64))
+
+    def _part_names(self) -> list[str]:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        names = datamodule.part_names("val") if hasattr(datamodule, "part_names") else None
+        return names or []
+
+    def _part_tally(self, parts: int) -> torch.Tensor:
+        """(right, seen) per part of a mix, over this validation epoch."""
+        if getattr(self, "_tally", None) is None or len(self._tally) != parts:
+            self._tally = torch.zeros((parts, 2), dtype=torch.float64, device=self.device)
+        return self._tally
+
+    def on_validation_epoch_start(self) -> None:
+        self._tally = None
+
+    def on_validation_epoch_end(self) -> None:
+        """``val/acc/<part>`` for each part of a mix: its samples' accuracy, summed over every rank."""
+        names = self._part_names()
+        if not names:
+            return
+        tally = self.trainer.strategy.reduce(self._part_tally(len(names)).clone(), reduce_op="sum")
+        for k, name in enumerate(names):
+            if tally[k, 1] > 0:
+                self.log(
+                    f"val/acc/{name}", float(tally[k, 0] / tally[k, 1]), sync_dist=False, rank_zero_only=False
+                )
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(

@@ -2,7 +2,8 @@
 
 It unpacks as the pair Lightning users expect, ``x, y = batch`` (``batch[0]``, ``batch[1]`` too). What
 some batches carry besides are attributes, never tuple positions: ``mask`` (collate=pad: True where a
-sample has data) and ``paths`` (predict batches: the file each image came from).
+sample has data), ``paths`` (predict batches: the file each image came from) and ``part`` (a mix's
+val and test batches: the part each sample came from, ``source=mix``).
 
 Lightning moves it to the device through ``to()`` (every tensor field, non-blocking to an accelerator),
 infers the batch size from ``image`` and ``label`` without a warning, and torch's pin-memory thread pins it
@@ -25,6 +26,7 @@ class Batch:
     )  # int64 class indices (N,), -1 where unknown (predict); (N, classes) float after mixup/cutmix
     mask: torch.Tensor | None = None  # collate=pad: True where a sample has data, (N, H, W) or (N, L)
     paths: tuple[str, ...] | None = None  # predict batches: the file of each image, in batch order
+    part: torch.Tensor | None = None  # source=mix val/test batches: the part of each sample (int64, (N,))
 
     def __iter__(self):
         yield self.image
@@ -46,7 +48,7 @@ class Batch:
         def pin(t):
             return t.pin_memory() if isinstance(t, torch.Tensor) else t
 
-        return Batch(pin(self.image), pin(self.label), pin(self.mask), self.paths)
+        return Batch(pin(self.image), pin(self.label), pin(self.mask), self.paths, pin(self.part))
 
     def to(self, device, non_blocking: bool | None = None) -> Batch:
         """Every tensor field on ``device``. ``non_blocking`` defaults to True towards an accelerator, where
@@ -58,4 +60,4 @@ class Batch:
         def move(t):
             return t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t
 
-        return Batch(move(self.image), move(self.label), move(self.mask), self.paths)
+        return Batch(move(self.image), move(self.label), move(self.mask), self.paths, move(self.part))

@@ -171,3 +171,22 @@ class WithPaths(Collate):
             )
         batch.paths = tuple(s[2] for s in samples)  # set in place: a pooled batch keeps its slot
         return batch
+
+
+class WithParts(Collate):
+    """Any collate, for samples that carry their part of a mix (``(image, label, part)``, ``source=mix``'s
+    val and test splits): the wrapped collate stacks ``(image, label)`` as usual and ``batch.part`` holds
+    each sample's part, for accuracy per part."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, samples) -> Batch:
+        batch = self.collate([s[:2] for s in samples])
+        if not isinstance(batch, Batch):
+            raise TypeError(
+                f"data.collate {self.collate!r} returned a {type(batch).__name__}; a mix's val batches carry "
+                "each sample's part, so the collate must return a feedline.transforms.batch.Batch"
+            )
+        batch.part = torch.as_tensor([s[2] for s in samples], dtype=torch.int64)
+        return batch

@@ -1,0 +1,290 @@
+"""``source=mix``: several sources as one, each part drawn by weight (or a fixed count) every epoch.
+
+    parts       name -> {source, weight | samples, class_map, label, transforms}; any feedline source
+    classes     merged by name: the first part's classes in its order, then each later part's new names in
+                its order; a part renames or merges its classes (``class_map``) or labels all its samples
+                one class (``label``)
+    train       each epoch a draw (``mix_order.py``): a pure function of (seed, epoch) over the parts'
+                train splits, so the sampler, the DDP partition and resume treat it as any source's order
+    val, test   the union of the parts' splits, unweighted; each record knows its part (``part_of``), so
+                validation reports accuracy per part and the datamodule applies a part's own ``transforms``
+
+A part's records are read as that source reads them (its files, its cache, its S3 endpoint); the mix adds
+one lookup (the part of a row) and maps the label. It pickles as its parts' records: small.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from feedline.datasets.mix_order import mix_order, quotas
+from feedline.datasets.records import Source
+from feedline.datasets.splits import check_split
+
+PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
+
+
+def _named(err: Exception, name: str) -> Exception:
+    """``err`` with the part's config key in front: the same type where it takes a message alone."""
+    text = f"source.parts.{name}: {err}"
+    try:
+        out = type(err)(text)
+    except Exception:  # an exception type with another signature
+        return ValueError(text)
+    return out if str(out) == text else ValueError(text)
+
+
+class Part:
+    """One part of the mix, checked: ``source``, how much of an epoch it gives, how its classes map."""
+
+    def __init__(self, name: str, spec: Mapping[str, Any]):
+        key = f"source.parts.{name}"
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{key} must be a mapping with a source (and a weight or samples), not {spec!r}")
+        unknown = sorted(set(spec) - set(PART_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{key}: unknown key(s) {', '.join(unknown)}; a part takes {', '.join(PART_KEYS)}"
+            )
+        self.name, self.key = str(name), key
+        self.source = spec.get("source")
+        if self.source is None:
+            raise ValueError(f"{key}.source is required: +source/parts@{key}=folder (or hdf5, shards, ...)")
+        if isinstance(self.source, Mapping):  # a config from Python: built here
+            from hydra.utils import instantiate
+
+            self.source = instantiate(dict(self.source))
+        if not isinstance(self.source, Source):
+            raise TypeError(f"{key}.source is a {type(self.source).__name__}, not a feedline source")
+        weight, samples = spec.get("weight"), spec.get("samples")
+        if weight is not None and samples is not None:
+            raise ValueError(f"{key}: give a weight or samples (a count per epoch), not both")
+        if samples is not None and (isinstance(samples, bool) or int(samples) != samples or samples < 1):
+            raise ValueError(f"{key}.samples={samples!r}: a count of samples per epoch, at least 1")
+        if weight is None and samples is None:
+            weight = 1.0
+        if weight is not None and not (
+            isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0
+        ):
+            raise ValueError(f"{key}.weight={weight!r}: a number above 0")
+        self.weight = float(weight) if weight is not None else None
+        self.samples = int(samples) if samples is not None else None
+        self.class_map = {str(k): str(v) for k, v in (spec.get("class_map") or {}).items()}
+        self.label = str(spec["label"]) if spec.get("label") is not None else None
+        if self.label is not None and self.class_map:
+            raise ValueError(f"{key}: give class_map or label (one class for every sample), not both")
+        self.transforms = spec.get("transforms")
+
+    def class_names(self) -> list[str]:
+        """The part's classes as the mix names them (after ``class_map`` / ``label``)."""
+        try:
+            own = list(self.source.classes)
+        except Exception as err:
+            raise _named(err, self.name) from err
+        if self.label is not None:
+            return [self.label] * len(own)
+        missing = sorted(set(self.class_map) - set(own))
+        if missing:
+            raise ValueError(
+                f"{self.key}.class_map maps {', '.join(map(repr, missing))}, which {self.name} does not have; "
+                f"its classes: {', '.join(own[:20])}{' ...' if len(own) > 20 else ''}"
+            )
+        return [self.class_map.get(c, c) for c in own]
+
+
+def _numbered(names: list[str]) -> bool:
+    return bool(names) and all(n.isdigit() for n in names)
+
+
+def merge_classes(parts: list[Part]) -> tuple[list[str], list[np.ndarray]]:
+    """(the mix's classes, each part's map from its labels to them). Refused: numbered classes (an
+    unnamed HDF5's "0".."9") merged with named ones, where names would meet by accident."""
+    merged: list[str] = []
+    where: dict[str, int] = {}
+    maps, first_named = [], None
+    for part in parts:
+        names = part.class_names()
+        numbered = _numbered(names) and part.label is None and not part.class_map
+        if first_named is None and names:
+            first_named = (part, numbered)
+        elif names and numbered != first_named[1]:
+            a, b = (part, first_named[0]) if numbered else (first_named[0], part)
+            raise ValueError(
+                f"source.parts.{a.name} has numbered classes ({', '.join(a.class_names()[:5])}, ...) and "
+                f"source.parts.{b.name} named ones ({', '.join(b.class_names()[:5])}, ...): they cannot be "
+                f"merged by name; name {a.name}'s with {a.key}.class_map={{0: <name>, ...}}, or give all its "
+                f"samples one class with {a.key}.label=<name>"
+            )
+        for n in names:
+            if n not in where:
+                where[n] = len(merged)
+                merged.append(n)
+        maps.append(np.array([where[n] for n in names], dtype=np.int64))
+    return merged, maps
+
+
+class MixRecords:
+    """One split of the mix: the parts' records one after another (part p holds rows ``offsets[p]`` ..
+    ``offsets[p + 1]``), labels mapped to the mix's classes. The train split draws its epochs
+    (``epoch_order``, ``epoch_samples``); every split tells the part of a row (``part_of``)."""
+
+    def __init__(self, names, records, maps, counts=None):
+        self.names, self.records, self.maps = list(names), list(records), list(maps)
+        self.offsets = np.concatenate([[0], np.cumsum([len(r) for r in self.records])]).astype(np.int64)
+        self.counts = counts  # samples per part per epoch (train), or None
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def part_of(self, i: int) -> int:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        return int(np.searchsorted(self.offsets, i, side="right") - 1)
+
+    def __getitem__(self, i: int):
+        p = self.part_of(i)
+        payload, label = self.records[p][i - int(self.offsets[p])]
+        return payload, int(self.maps[p][label]) if label >= 0 else label
+
+    def getitems(self, indices) -> list:
+        """A batch read part by part, each as its source reads fastest (HDF5 in bulk)."""
+        out: list = [None] * len(indices)
+        parts = np.searchsorted(self.offsets, np.asarray(indices, dtype=np.int64), side="right") - 1
+        for p in np.unique(parts):
+            at = np.flatnonzero(parts == p)
+            local = [int(indices[k]) - int(self.offsets[p]) for k in at]
+            getitems = getattr(self.records[p], "getitems", None)
+            got = getitems(local) if getitems is not None else [self.records[p][j] for j in local]
+            for k, (payload, label) in zip(at, got):
+                out[k] = (payload, int(self.maps[p][label]) if label >= 0 else label)
+        return out
+
+    def describe(self, i: int) -> str:
+        p = self.part_of(i)
+        return f"{self.names[p]}: {self.records[p].describe(i - int(self.offsets[p]))}"
+
+    # -- the train split's draw ------------------------------------------------------------------------
+    def epoch_samples(self) -> int:
+        """Samples an epoch draws (the sampler's epoch length; the rows are more or fewer)."""
+        return int(self.counts.sum())
+
+    def drawn(self) -> dict[str, int]:
+        """Samples each part gives an epoch."""
+        return {n: int(c) for n, c in zip(self.names, self.counts)}
+
+    def _part_order(self, p: int):
+        own = getattr(self.records[p], "epoch_order", None)  # a shards part keeps its chunk-aware order
+        if own is not None:
+            return own
+        size = len(self.records[p])
+        return lambda seed, k: np.random.default_rng([int(seed) & 0xFFFFFFFF, int(k), 1]).permutation(size)
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        sizes = [len(r) for r in self.records]
+        orders = [self._part_order(p) for p in range(len(self.records))]
+        return mix_order(orders, sizes, self.offsets[:-1], self.counts, seed, epoch)
+
+    def order_identity(self) -> str:
+        """What the draw depends on besides (seed, epoch): the parts, their sizes, counts and own orders."""
+        h = hashlib.blake2b(digest_size=6)
+        for name, records, count in zip(self.names, self.records, self.counts):
+            own = getattr(records, "order_identity", None)
+            h.update(f"{name}\n{len(records)}\n{int(count)}\n{own() if callable(own) else ''}\n".encode())
+        drawn = ", ".join(f"{n} {int(c)}" for n, c in zip(self.names, self.counts))
+        return f"mix of {drawn} per epoch ({h.hexdigest()})"
+
+    def digest(self) -> str:
+        h = hashlib.blake2b(digest_size=8)
+        for records in self.records:
+            digest = getattr(records, "digest", None)
+            h.update(f"{len(records)}:{digest() if callable(digest) else ''};".encode())
+        return h.hexdigest()
+
+
+class MixSource(Source):
+    """Named ``parts``, each any feedline source with a ``weight`` (or ``samples`` per epoch); ``epoch_size``
+    samples an epoch (None: the weighted parts' train sizes plus the fixed counts)."""
+
+    def __init__(self, parts: Mapping[str, Mapping[str, Any]], epoch_size: int | None = None):
+        if not isinstance(parts, Mapping) or not parts:
+            raise ValueError(
+                "source.parts is empty: add parts, e.g. +source/parts@source.parts.base=folder "
+                "source.parts.base.source.root=/data/base"
+            )
+        if epoch_size is not None and (
+            isinstance(epoch_size, bool) or int(epoch_size) != epoch_size or epoch_size < 1
+        ):
+            raise ValueError(f"source.epoch_size={epoch_size!r}: a number of samples, at least 1, or null")
+        self.parts = [Part(name, spec) for name, spec in parts.items()]
+        self.epoch_size = int(epoch_size) if epoch_size is not None else None
+        self._merged = None
+
+    @property
+    def part_names(self) -> list[str]:
+        return [p.name for p in self.parts]
+
+    def _classes(self):
+        if self._merged is None:
+            self._merged = merge_classes(self.parts)
+        return self._merged
+
+    @property
+    def classes(self) -> list[str]:
+        return self._classes()[0]
+
+    def part_transforms(self) -> dict[int, Any]:
+        """Each part's own per-sample train stack (a list of transforms), where it has one."""
+        return {k: p.transforms for k, p in enumerate(self.parts) if p.transforms}
+
+    def prepare(self) -> None:
+        for part in self.parts:
+            try:
+                part.source.prepare()
+            except Exception as err:
+                raise _named(err, part.name) from err
+        self._merged = None
+        self._classes()
+
+    def _split_of(self, part: Part, name: str):
+        try:
+            return part.source.split(name)
+        except Exception as err:
+            raise _named(err, part.name) from err
+
+    def split(self, name: str) -> MixRecords:
+        name = check_split(name)
+        _, maps = self._classes()
+        if name == "train":
+            records = [self._split_of(p, name) for p in self.parts]
+            counts = quotas(
+                [len(r) for r in records],
+                [p.weight for p in self.parts],
+                [p.samples for p in self.parts],
+                self.epoch_size,
+            )
+            empty = [p.name for p, r, c in zip(self.parts, records, counts) if c and not len(r)]
+            if empty:
+                raise ValueError(f"source.parts.{empty[0]} has no train samples to draw from")
+            return MixRecords(self.part_names, records, maps, counts)
+        names, records, kept = [], [], []
+        errors = []
+        for part, mapping in zip(self.parts, maps):
+            try:
+                records.append(self._split_of(part, name))
+            except ValueError as err:
+                if name != "test" or "has no test split" not in str(err):
+                    raise
+                errors.append(str(err))  # a part without a test split: the others' still count
+                continue
+            names.append(part.name)
+            kept.append(mapping)
+        if not records:
+            raise ValueError(f"no part of the mix has a {name} split: {'; '.join(errors)}")
+        return MixRecords(names, records, kept)
+
+    def __repr__(self) -> str:
+        return f"MixSource({', '.join(self.part_names)})"
