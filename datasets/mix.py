@@ -16,6 +16,7 @@ one lookup (the part of a row) and maps the label. It pickles as its parts' reco
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,13 +30,34 @@ PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
 
 
 def _named(err: Exception, name: str) -> Exception:
-    """``err`` with the part's config key in front: the same type where it takes a message alone."""
-    text = f"source.parts.{name}: {err}"
+    """``err`` naming the part: its config keys spelled in full (``source.root`` is
+    ``source.parts.<name>.source.root`` here), else the part's key in front; the same type where it takes a
+    message alone."""
+    text = re.sub(r"(?<![\w.])source\.", f"source.parts.{name}.source.", str(err))
+    if text == str(err):
+        text = f"source.parts.{name}: {err}"
     try:
         out = type(err)(text)
     except Exception:  # an exception type with another signature
         return ValueError(text)
     return out if str(out) == text else ValueError(text)
+
+
+def _build(config: Mapping, name: str, what: str):
+    """A part's ``source`` or ``transforms`` from its config (the mix builds its parts itself, so an error
+    names the part)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(config)
+    except InstantiationException as err:
+        cause = err
+        while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise _named(cause, name) from None
+    except Exception as err:
+        raise _named(err, name) from None
 
 
 class Part:
@@ -54,10 +76,8 @@ class Part:
         self.source = spec.get("source")
         if self.source is None:
             raise ValueError(f"{key}.source is required: +source/parts@{key}=folder (or hdf5, shards, ...)")
-        if isinstance(self.source, Mapping):  # a config from Python: built here
-            from hydra.utils import instantiate
-
-            self.source = instantiate(dict(self.source))
+        if isinstance(self.source, Mapping):  # a config (conf/source/mix.yaml keeps them unbuilt): built here
+            self.source = _build(self.source, self.name, "source")
         if not isinstance(self.source, Source):
             raise TypeError(f"{key}.source is a {type(self.source).__name__}, not a feedline source")
         weight, samples = spec.get("weight"), spec.get("samples")
@@ -77,7 +97,16 @@ class Part:
         self.label = str(spec["label"]) if spec.get("label") is not None else None
         if self.label is not None and self.class_map:
             raise ValueError(f"{key}: give class_map or label (one class for every sample), not both")
-        self.transforms = spec.get("transforms")
+        transforms = spec.get("transforms")
+        if transforms is not None:
+            if isinstance(transforms, (str, bytes, Mapping)) or not hasattr(transforms, "__iter__"):
+                raise ValueError(
+                    f"{key}.transforms: a list of transforms (like transforms.train), not {transforms!r}"
+                )
+            transforms = [
+                _build(t, self.name, "transforms") if isinstance(t, Mapping) else t for t in transforms
+            ]
+        self.transforms = transforms
 
     def class_names(self) -> list[str]:
         """The part's classes as the mix names them (after ``class_map`` / ``label``)."""

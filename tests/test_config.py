@@ -78,6 +78,15 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             WriteOptions(path=str(path), format="shards", workers=1),
         )
         return ["source=shards", f"source.path={path}"]
+    if option == "mix":  # two parts from the command line, as the README shows
+        return [
+            "source=mix",
+            "+source/parts@source.parts.base=folder",
+            f"source.parts.base.source.root={tree}",
+            "+source/parts@source.parts.extra=folder",
+            f"source.parts.extra.source.root={tree}",
+            "source.parts.extra.weight=0.25",
+        ]
     if option == "wds":
         from tests.helpers import wds_tars
 

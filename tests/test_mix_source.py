@@ -1,0 +1,216 @@
+"""source=mix (datasets/mix.py, datasets/mix_order.py): the draw, the class merge, per-part stacks and
+accuracy, and the errors that name a part."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from feedline.datamodules.loaders import ImageLoaders
+from feedline.datasets.folder import FolderSource
+from feedline.datasets.mix import MixSource
+from feedline.datasets.mix_order import mix_order, part_seed, quotas, stream
+from feedline.transforms.collate import DefaultCollate
+from feedline.transforms.stacks import TransformStacks
+from tests.helpers import simple_tree
+
+
+def folder(tmp_path, name, classes=("cat", "dog", "eel"), per_class=6, val_fraction=0.0):
+    tree = simple_tree(tmp_path / name, classes=classes, per_class=per_class)
+    return FolderSource(tree, val_fraction=val_fraction, cache_dir=tmp_path / "cache")
+
+
+def mix(tmp_path, base: dict | None = None, extra: dict | None = None, **kwargs) -> MixSource:
+    parts = {
+        "base": {"source": folder(tmp_path, "base", per_class=10), "weight": 0.8, **(base or {})},
+        "extra": {"source": folder(tmp_path, "extra", per_class=4), "weight": 0.2, **(extra or {})},
+    }
+    source = MixSource(parts, **kwargs)
+    source.prepare()
+    return source
+
+
+def parts_of(records, order) -> np.ndarray:
+    return np.searchsorted(records.offsets, order, side="right") - 1
+
+
+# -- the draw -------------------------------------------------------------------------------------------
+def test_quotas_follow_the_weights_exactly_and_fixed_counts_as_given():
+    assert quotas([1000, 10], [0.8, 0.2], [None, None], 1000).tolist() == [800, 200]
+    assert quotas([5, 5, 5], [1, 1, 1], [None, None, None], 10).tolist() == [4, 3, 3]  # sums to 10, not 9
+    assert quotas([100, 7], [1.0, None], [None, 50], None).tolist() == [100, 50]  # null: sizes + counts
+    assert quotas([100, 7], [1.0, None], [None, 50], 80).tolist() == [30, 50]
+    with pytest.raises(ValueError, match=r"source.epoch_size=40 does not match the parts' fixed counts"):
+        quotas([100, 7], [1.0, None], [None, 50], 40)
+
+
+def test_each_epoch_draws_each_part_its_quota_and_the_draw_is_a_function_of_seed_and_epoch(tmp_path):
+    train = mix(tmp_path, epoch_size=50).split("train")
+    assert train.drawn() == {"base": 40, "extra": 10} and train.epoch_samples() == 50
+    for epoch in range(3):
+        order = train.epoch_order(7, epoch)
+        assert len(order) == 50 and collections.Counter(parts_of(train, order).tolist()) == {0: 40, 1: 10}
+        assert np.array_equal(order, train.epoch_order(7, epoch))  # the same in every rank and resumed run
+    assert not np.array_equal(train.epoch_order(7, 0), train.epoch_order(7, 1))
+    assert not np.array_equal(train.epoch_order(7, 0), train.epoch_order(8, 0))
+
+
+def test_proportions_hold_within_one_batch_in_every_stretch_of_the_epoch(tmp_path):
+    """Slots are shuffled, not laid out part after part: any run of batches sees the weights, give or take."""
+    train = mix(tmp_path, epoch_size=1000).split("train")
+    share = parts_of(train, train.epoch_order(0, 0)).reshape(10, 100).mean(axis=1)  # extra's share per 100
+    assert np.all(np.abs(share - 0.2) < 0.12), share
+
+
+def test_a_part_smaller_than_its_quota_repeats_evenly_and_a_larger_one_covers_all_before_repeating():
+    size = 10
+    order = lambda seed, k: np.random.default_rng([seed, k]).permutation(size)  # noqa: E731
+    over = stream(order, size, 3, 0, 25)  # 25 from 10: each twice or three times
+    assert set(collections.Counter(over.tolist()).values()) <= {2, 3}
+    under = [stream(order, size, 3, e * 4, 4) for e in range(3)]  # 4 an epoch: epochs 0-1 and half of 2
+    assert len(set(np.concatenate(under[:2]).tolist())) == 8  # no repeat before the part is used up
+
+
+def test_a_shards_like_part_keeps_its_own_order_inside_the_mix():
+    """A part with its own epoch order (shards: chunk by chunk) is read in that order in its slots."""
+    own = lambda seed, k: np.roll(np.arange(12), seed % 12 + k)  # noqa: E731 - a recognisable order
+    plain = lambda seed, k: np.random.default_rng([seed, k]).permutation(8)  # noqa: E731
+    counts = np.array([12, 8])
+    order = mix_order([own, plain], [12, 8], [0, 12], counts, seed=5, epoch=0)
+    assert order[order < 12].tolist() == own(part_seed(5, 0), 0).tolist()
+
+
+# -- classes --------------------------------------------------------------------------------------------
+def test_classes_merge_by_name_first_part_first_and_map_or_label_a_part(tmp_path):
+    base = {"source": folder(tmp_path, "a", classes=("dog", "cat"))}
+    extra = {"source": folder(tmp_path, "b", classes=("cat", "wolf", "puppy"))}
+    assert MixSource({"base": base, "extra": extra}).classes == ["cat", "dog", "puppy", "wolf"]
+    mapped = MixSource({"base": base, "extra": {**extra, "class_map": {"puppy": "dog", "wolf": "dog"}}})
+    assert mapped.classes == ["cat", "dog"]
+    train = mapped.split("train")
+    labels = [train[i][1] for i in range(len(train))]
+    extra_labels = collections.Counter(labels[int(train.offsets[1]) :])
+    assert extra_labels == {0: 6, 1: 12}  # cat 6; puppy and wolf merged into dog
+    labelled = MixSource({"base": base, "extra": {**extra, "label": "synthetic"}})
+    assert labelled.classes == ["cat", "dog", "synthetic"]
+    assert {labelled.split("train")[i][1] for i in range(12, 30)} == {2}
+
+
+def test_classes_that_cannot_merge_are_refused_naming_the_part_and_the_classes(tmp_path):
+    base = {"source": folder(tmp_path, "a", classes=("cat", "dog"))}
+    numbered = {"source": folder(tmp_path, "n", classes=("0", "1"))}
+    with pytest.raises(
+        ValueError, match=r"source.parts.extra has numbered classes \(0, 1.*source.parts.base named"
+    ):
+        _ = MixSource({"base": base, "extra": numbered}).classes
+    assert MixSource(
+        {"base": base, "extra": {**numbered, "class_map": {"0": "cat", "1": "dog"}}}
+    ).classes == [
+        "cat",
+        "dog",
+    ]
+    with pytest.raises(
+        ValueError, match=r"source.parts.extra.class_map maps 'kitten', which extra does not have"
+    ):
+        _ = MixSource({"base": base, "extra": {**base, "class_map": {"kitten": "cat"}}}).classes
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"weight": 1, "samples": 5}, r"source.parts.extra: give a weight or samples"),
+        ({"weight": 0}, r"source.parts.extra.weight=0: a number above 0"),
+        ({"samples": 2.5}, r"source.parts.extra.samples=2.5"),
+        ({"colour": 1}, r"source.parts.extra: unknown key\(s\) colour"),
+        ({"source": None}, r"source.parts.extra.source is required"),
+    ],
+)
+def test_bad_part_settings_are_refused_by_key(tmp_path, spec, said):
+    with pytest.raises(ValueError, match=said):
+        MixSource(
+            {"base": {"source": folder(tmp_path, "a")}, "extra": {"source": folder(tmp_path, "a"), **spec}}
+        )
+
+
+def test_a_part_that_fails_to_load_is_named(tmp_path):
+    broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "nowhere")}
+    with pytest.raises(FileNotFoundError, match=r"^source.parts.extra.source.root .*nowhere. does not exist"):
+        MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
+    empty = simple_tree(tmp_path / "empty", per_class=0)
+    source = MixSource(
+        {"base": {"source": folder(tmp_path, "a")}, "extra": {"source": {**broken, "root": empty}}}
+    )
+    with pytest.raises(Exception, match=r"source.parts.extra"):
+        source.prepare()
+    with pytest.raises(ValueError, match=r"source.parts is empty"):
+        MixSource({})
+
+
+def test_the_source_and_its_splits_pickle_small(tmp_path):
+    source = mix(tmp_path, base={"source": folder(tmp_path, "big", per_class=300)})
+    train = source.split("train")
+    assert len(train) == 900 + 12 and len(pickle.dumps(train)) < 4000
+    clone = pickle.loads(pickle.dumps(train))
+    assert [clone[i][1] for i in (0, 500, 911)] == [train[i][1] for i in (0, 500, 911)]
+    assert clone.describe(911).startswith("extra: ") and "extra" in clone.describe(911)
+
+
+# -- through the datamodule -----------------------------------------------------------------------------
+def loaders(source, **kwargs) -> ImageLoaders:
+    stacks = TransformStacks(
+        train=[v2.Resize((8, 8), antialias=True)], eval=[v2.Resize((8, 8), antialias=True)]
+    )
+    return ImageLoaders(source, stacks, DefaultCollate(), batch_size=5, num_workers=0, seed=3, **kwargs)
+
+
+def test_a_part_with_its_own_stack_gets_it_and_both_parts_collate_into_one_batch(tmp_path):
+    invert = [v2.Resize((8, 8), antialias=True), v2.RandomInvert(p=1.0)]
+    data = loaders(mix(tmp_path, extra={"transforms": invert}))
+    data.setup("fit")
+    train = data.datasets["train"]
+    extra_row = int(train.records.offsets[1])
+    image, _ = train[extra_row]
+    payload, _ = train.records[extra_row]
+    plain = v2.Resize((8, 8), antialias=True)(train.decode(payload))
+    assert torch.equal(image, 255 - plain)  # the part's stack, not the run's
+    base_image, _ = train[0]
+    assert torch.equal(base_image, v2.Resize((8, 8), antialias=True)(train.decode(train.records[0][0])))
+    parts = set()
+    for batch in data.train_dataloader():
+        assert batch[0].shape[1:] == (3, 8, 8)
+        parts.add(len(batch[0]))
+    assert parts  # batches of both parts' images
+
+
+def test_an_epoch_reads_each_drawn_sample_once_over_the_ranks_in_equal_shares(tmp_path):
+    source = mix(tmp_path, epoch_size=40)
+    expected = collections.Counter(source.split("train").epoch_order(3, 0).tolist())
+    seen = collections.Counter()
+    for rank in range(2):
+        data = loaders(source)
+        data._world = lambda rank=rank: (2, rank, 1, False)
+        data.setup("fit")
+        sampler_rows = [row for row, _ in data.train_dataloader().sampler]
+        assert len(sampler_rows) == 20  # equal shares
+        seen.update(sampler_rows)
+    assert seen == expected
+
+
+def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(tmp_path):
+    source = MixSource(
+        {
+            "base": {"source": folder(tmp_path, "a", per_class=10, val_fraction=0.2), "weight": 3},
+            "extra": {"source": folder(tmp_path, "b", per_class=4, val_fraction=0.25)},
+        }
+    )
+    data = loaders(source)
+    data.setup("fit")
+    assert data.part_names("val") == ["base", "extra"]
+    parts = torch.cat([batch.part for batch in data.val_dataloader()])
+    assert collections.Counter(parts.tolist()) == {0: 6, 1: 3}  # every held-out sample, unweighted
+    assert data.drawn() == {"base": 25, "extra": 8}  # 33 train samples an epoch, 3:1
