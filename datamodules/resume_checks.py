@@ -32,7 +32,7 @@ CHECKED = {
     "classes": "classes",
     "split": "train split (digest of its sample rows)",
     "split_seed": "source.seed",
-    "order": "train order (source.window over the shards' chunks)",
+    "order": "train order (shards: source.window over the chunks; a mix: its parts and what each gives an epoch)",
     "val_fraction": "source.val_fraction",
     "test_fraction": "source.test_fraction",
     "batch_size": "data.batch_size (per device)",

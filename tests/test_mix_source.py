@@ -214,3 +214,29 @@ def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(t
     parts = torch.cat([batch.part for batch in data.val_dataloader()])
     assert collections.Counter(parts.tolist()) == {0: 6, 1: 3}  # every held-out sample, unweighted
     assert data.drawn() == {"base": 25, "extra": 8}  # 33 train samples an epoch, 3:1
+
+
+def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_name(tmp_path):
+    """Mid-epoch: the rest of the epoch's draw, batch for batch. Another weight is another draw, whose rest
+    would repeat some samples and miss others: refused like a changed seed (data.resume=lenient restarts the
+    epoch with the new mixture)."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from tests.test_resume import digests, world_loaders
+
+    tree = simple_tree(tmp_path / "tree")
+
+    def loader(weight):
+        return world_loaders(mix(tmp_path, extra={"weight": weight}), tree, 1, 4)[0]
+
+    first = loader(0.2)
+    whole = digests(loader(0.2))
+    digests(first, 3)
+    state = first.state_dict()
+    again = loader(0.2)
+    again.load_state_dict(state)
+    rest = digests(again)
+    assert len(rest) == len(whole) - 3
+    for (image, label), (want_image, want_label) in zip(rest, whole[3:]):
+        assert torch.equal(image, want_image) and torch.equal(label, want_label)
+    with pytest.raises(ResumeError, match=r"train order \(.*a mix: its parts.*\)"):
+        loader(0.5).load_state_dict(state)

@@ -8,6 +8,7 @@ import csv
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -385,11 +386,23 @@ def batches(path) -> dict[tuple[int, int], str]:
     return seen
 
 
-def source_options(source: str, tmp_path, tree: str) -> list[str]:
+def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> list[str]:
     """train.py's overrides that read ``tree`` through ``source``: ``folder``, or ``shards`` that convert.py
     writes from it, in several chunks, read in the chunk-aware order one chunk at a time (source.window=1)."""
     if source == "folder":
-        return ["source=folder", f"source.root={tree}"]
+        return ["source=folder", f"source.root={tree}", f"source.val_fraction={val_fraction}"]
+    if source == "mix":  # the tree's classes in two parts, drawn by weight 1:1 (each sample once an epoch)
+        halves = [tmp_path / "base", tmp_path / "extra"]
+        classes = sorted(p.name for p in Path(tree).iterdir())
+        for k, name in enumerate(classes):
+            (halves[2 * k >= len(classes)]).mkdir(exist_ok=True)
+            shutil.copytree(Path(tree) / name, halves[2 * k >= len(classes)] / name)
+        return [
+            "source=mix",
+            *(f"+source/parts@source.parts.{h.name}=folder" for h in halves),
+            *(f"source.parts.{h.name}.source.root={h}" for h in halves),
+            *(f"source.parts.{h.name}.source.val_fraction={val_fraction}" for h in halves),
+        ]
     out = tmp_path / "shards"
     convert = [
         sys.executable,
@@ -406,7 +419,7 @@ def source_options(source: str, tmp_path, tree: str) -> list[str]:
     written = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
     assert written.returncode == 0, written.stderr[-3000:]
     assert len(shard_chunks(out).files) >= 8
-    return ["source=shards", f"source.path={out}", "source.window=1"]
+    return ["source=shards", f"source.path={out}", "source.window=1", f"source.val_fraction={val_fraction}"]
 
 
 def shard_chunks(path) -> Chunks:
@@ -440,7 +453,7 @@ def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run
     tmp_path, source, setup, every, kill, ranks
 ):
     tree = simple_tree(tmp_path / "tree", per_class=20)  # 48 train samples, batches of 4
-    data = [*source_options(source, tmp_path, tree), "source.val_fraction=0.2", "transforms=digits"]
+    data = [*source_options(source, tmp_path, tree, 0.2), "transforms=digits"]
     options = [*data, *setup, "data.batch_size=4", f"callbacks.model_checkpoint.every_n_train_steps={every}"]
     reference = train(tmp_path, "reference", "reference", *options)
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -728,8 +741,9 @@ def samples_read(record, ranks: int) -> dict[int, list[tuple[int, int, int, str]
         ("folder", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
         ("folder", ["data.batch_size=4"], 1, ["trainer=ddp_sim", "data.batch_size=3"], 2),
         ("shards", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
+        ("mix", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
     ],
-    ids=["2-ranks-to-1", "1-rank-to-2", "shards-2-ranks-to-1"],
+    ids=["2-ranks-to-1", "1-rank-to-2", "shards-2-ranks-to-1", "mix-2-ranks-to-1"],
 )
 def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     tmp_path, source, before, before_ranks, after, after_ranks
@@ -739,8 +753,7 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     next epoch is the one a run started on the new world reads."""
     tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(40)], per_class=1)
     data = [
-        *source_options(source, tmp_path, tree),
-        "source.val_fraction=0",
+        *source_options(source, tmp_path, tree, 0),
         "transforms=digits",
         "data.num_workers=1",
         "callbacks.model_checkpoint.every_n_train_steps=3",
