@@ -146,23 +146,37 @@ def _stage_breakdown(dataset, collate, indices: list[int], batch_size: int, work
     seconds = dict.fromkeys(STAGES, 0.0)
     payload_bytes, samples, formats = 0, [], {}
     good = []  # the items read and decoded: an unreadable one is named (or raised) as training does
+    part_of = getattr(getattr(dataset, "records", None), "part_of", None)  # source=mix: costs per part too
+    parts: dict[int, dict[str, float]] = {}
     for chunk in _chunks(indices, batch_size):  # read as the loader does: a batch at a time where it can
-        t0 = clock()
-        items = _read(dataset, chunk)
-        seconds["read"] += clock() - t0
+        items = []
+        for p, group in _by_part(chunk, part_of):  # a mix reads each part's share as that source does
+            t0 = clock()
+            items += _read(dataset, group)
+            spent = clock() - t0
+            seconds["read"] += spent
+            if p is not None:
+                parts.setdefault(p, dict.fromkeys(("items", "read", "decode", "transform"), 0.0))["read"] += (
+                    spent
+                )
         for i, (payload, label) in items:
+            p = part_of(i) if part_of is not None else None
             t1 = clock()
             try:
-                image = dataset.decode(payload)
+                image = dataset.decode(payload) if p is None else dataset.decode(payload, p)
             except (OSError, DecodeError) as err:
                 dataset.bad_sample(i, err)
                 continue
             t2 = clock()
             good.append(i)
-            image = dataset.augment(image)
+            image = dataset.augment(image) if p is None else dataset.augment(image, p)
             t3 = clock()
             seconds["decode"] += t2 - t1
             seconds["transform"] += t3 - t2
+            if p is not None:
+                parts[p]["items"] += 1
+                parts[p]["decode"] += t2 - t1
+                parts[p]["transform"] += t3 - t2
             payload_bytes += _nbytes(payload)
             kind = payload_format(payload)
             formats[kind] = formats.get(kind, 0) + 1
@@ -208,7 +222,43 @@ def _stage_breakdown(dataset, collate, indices: list[int], batch_size: int, work
         "stages_run": [
             stage for stage in STAGES if (stage != "ipc" or shipped) and (stage != "crop" or deferred)
         ],
+        "parts": _per_part(parts, getattr(dataset, "records", None)),
     }
+
+
+SLOW_PART = 1.5  # a part costing this many times the cheapest part's time a sample is named the bottleneck
+
+
+def _by_part(chunk: list[int], part_of) -> list[tuple[int | None, list[int]]]:
+    """``chunk``'s indices grouped by their part of a mix, in order of first appearance (one group: not a
+    mix)."""
+    if part_of is None:
+        return [(None, chunk)]
+    groups: dict[int, list[int]] = {}
+    for i in chunk:
+        groups.setdefault(part_of(i), []).append(i)
+    return list(groups.items())
+
+
+def _per_part(parts: dict[int, dict[str, float]], records) -> dict | None:
+    """A mix's read, decode and transform cost per sample of each part (seconds), and the slowest part: the
+    one that makes an epoch wait. None for any other source."""
+    if not parts:
+        return None
+    out = {}
+    for p, spent in sorted(parts.items()):
+        n = max(1, int(spent["items"]))
+        per = {stage: spent[stage] / n for stage in ("read", "decode", "transform")}
+        out[records.names[p]] = {
+            "items": int(spent["items"]),
+            "per_sample_s": per,
+            "total_s": sum(per.values()),
+        }
+    slowest = max(out, key=lambda name: out[name]["total_s"])
+    fastest = min(out, key=lambda name: out[name]["total_s"])
+    if out[slowest]["total_s"] < SLOW_PART * out[fastest]["total_s"]:
+        slowest = None  # within noise of each other: no part holds the others up
+    return {"by_part": out, "slowest": slowest}
 
 
 def _read(dataset, indices: list[int]) -> list[tuple[int, tuple]]:

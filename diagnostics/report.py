@@ -47,6 +47,23 @@ def print_report(result: dict, console: Console | None = None) -> None:
     table.add_row("end to end", f"{stages['end_to_end_s'] * 1e3:.3f}", "")
     console.print(table)
 
+    if stages.get("parts"):  # source=mix: the same stages per part, and which part is slowest
+        parts = stages["parts"]
+        console.print("per part of the mix (ms/sample):")
+        table = Table()
+        for column in ("part", "items", "read", "decode", "transform", "total"):
+            table.add_column(column, justify="right" if column != "part" else "left")
+        for name, row in parts["by_part"].items():
+            per = row["per_sample_s"]
+            mark = "  <- the bottleneck" if name == parts["slowest"] else ""
+            table.add_row(
+                name,
+                str(row["items"]),
+                *(f"{per[stage] * 1e3:.3f}" for stage in ("read", "decode", "transform")),
+                f"{row['total_s'] * 1e3:.3f}{mark}",
+            )
+        console.print(table)
+
     if result.get("anchor"):
         a = result["anchor"]
         console.print(

@@ -121,6 +121,21 @@ FLAT_GAIN = 1.25  # a sweep whose best rate is below this multiple of the 1-work
 IPC_EFFICIENCY = 0.5  # a loader below this share of its workers' in-process capacity is IPC-bound
 
 
+def part_reasons(parts: dict | None) -> list[str]:
+    """source=mix: the part that costs most a sample, named as the bottleneck, with its costliest stage."""
+    if not parts or parts["slowest"] is None:
+        return []
+    rows = parts["by_part"]
+    slow = parts["slowest"]
+    per = rows[slow]["per_sample_s"]
+    stage = max(per, key=per.get)
+    fastest = min(rows, key=lambda name: rows[name]["total_s"])
+    return [
+        f"part '{slow}' of the mix is the bottleneck: {rows[slow]['total_s'] * 1e3:.2f} ms a sample ({stage} "
+        f"{per[stage] * 1e3:.2f} ms), against {rows[fastest]['total_s'] * 1e3:.2f} ms for '{fastest}'"
+    ]
+
+
 def diagnose(
     breakdown: dict,
     rate: float,
@@ -139,6 +154,7 @@ def diagnose(
         for stage in sorted(share, key=share.get, reverse=True)
         if share[stage] > 0  # ipc is 0 without workers, or with a collate that reuses its buffers
     ]
+    reasons[:0] = part_reasons(breakdown.get("parts"))
     capacity = max(1, min(workers, cpus)) / breakdown["end_to_end_s"] if breakdown["end_to_end_s"] else 0.0
     efficiency = rate / capacity if capacity else 1.0
 

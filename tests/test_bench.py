@@ -369,3 +369,28 @@ def test_the_pipeline_names_the_preset_a_run_without_transforms_gets(make_cfg, t
         config="bench",
     )
     assert bench(cfg, show=False)["pipeline"].startswith("source=folder transforms=imagenet collate=uint8")
+
+
+def test_a_mix_reports_each_parts_cost_and_names_the_slow_part(make_cfg, tmp_path):
+    """source=mix: read, decode and transform per part; a part whose reads are slow (object storage, a
+    network disk) is named as the bottleneck, in the report and in the verdict's reasons."""
+    fast, slow = simple_tree(tmp_path / "fast", per_class=10), simple_tree(tmp_path / "slow", per_class=10)
+    cfg = make_cfg(
+        "source=mix",
+        "+source/parts@source.parts.local=folder",
+        f"source.parts.local.source.root={fast}",
+        "+source/parts@source.parts.remote=folder",
+        f"source.parts.remote.source.root={slow}",
+        "source.parts.remote.source._target_=tests.sleepy.SleepyFolderSource",
+        "+source.parts.remote.source.delay=0.008",
+        *QUICK,
+        f"bench.json_path={tmp_path / 'bench.json'}",
+        config="bench",
+    )
+    result = bench(cfg, show=False)
+    parts = result["breakdown"]["parts"]
+    assert parts["slowest"] == "remote"
+    assert parts["by_part"]["remote"]["per_sample_s"]["read"] == pytest.approx(0.008)
+    assert parts["by_part"]["local"]["per_sample_s"]["read"] == pytest.approx(0.0)
+    assert sum(row["items"] for row in parts["by_part"].values()) == result["breakdown"]["items"]
+    assert any("part 'remote' of the mix is the bottleneck" in r for r in result["verdict"]["reasons"])
