@@ -15,7 +15,7 @@ from feedline.datamodules.loaders import ImageLoaders
 from feedline.datasets.folder import FolderSource
 from feedline.datasets.mix import MixSource
 from feedline.datasets.mix_order import mix_order, part_seed, quotas, stream
-from feedline.transforms.collate import DefaultCollate
+from feedline.transforms.collate import DefaultCollate, Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 from tests.helpers import simple_tree
 
@@ -161,11 +161,12 @@ def test_the_source_and_its_splits_pickle_small(tmp_path):
 
 
 # -- through the datamodule -----------------------------------------------------------------------------
-def loaders(source, **kwargs) -> ImageLoaders:
+def loaders(source, collate=None, num_workers=0) -> ImageLoaders:
     stacks = TransformStacks(
         train=[v2.Resize((8, 8), antialias=True)], eval=[v2.Resize((8, 8), antialias=True)]
     )
-    return ImageLoaders(source, stacks, DefaultCollate(), batch_size=5, num_workers=0, seed=3, **kwargs)
+    collate = collate or DefaultCollate()
+    return ImageLoaders(source, stacks, collate, batch_size=5, num_workers=num_workers, seed=3)
 
 
 def test_a_part_with_its_own_stack_gets_it_and_both_parts_collate_into_one_batch(tmp_path):
@@ -201,14 +202,18 @@ def test_an_epoch_reads_each_drawn_sample_once_over_the_ranks_in_equal_shares(tm
     assert seen == expected
 
 
-def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(tmp_path):
+@pytest.mark.parametrize(
+    "collate, workers", [(DefaultCollate, 0), (Uint8Collate, 1)], ids=["default", "uint8-worker"]
+)
+def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(tmp_path, collate, workers):
+    """Across the process boundary too: collate=uint8's batches from a worker's shared buffers."""
     source = MixSource(
         {
             "base": {"source": folder(tmp_path, "a", per_class=10, val_fraction=0.2), "weight": 3},
             "extra": {"source": folder(tmp_path, "b", per_class=4, val_fraction=0.25)},
         }
     )
-    data = loaders(source)
+    data = loaders(source, collate=collate(), num_workers=workers)
     data.setup("fit")
     assert data.part_names("val") == ["base", "extra"]
     parts = torch.cat([batch.part for batch in data.val_dataloader()])

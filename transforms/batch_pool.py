@@ -64,7 +64,7 @@ class PooledBatch(Batch):
     frees it. It behaves as a ``Batch``; unpickled in the main process it becomes a plain ``Batch``."""
 
     def __reduce__(self):
-        fields = (self.image, self.label, self.mask, self.paths)
+        fields = (self.image, self.label, self.mask, self.paths, self.part)
         if not hasattr(self, "_flags"):  # made by replace(): its slot stays taken, the data is safe
             return Batch, fields
         return _received, (fields, self._flags, self._slot)
