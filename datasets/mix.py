@@ -130,29 +130,30 @@ def _numbered(names: list[str]) -> bool:
 
 
 def merge_classes(parts: list[Part]) -> tuple[list[str], list[np.ndarray]]:
-    """(the mix's classes, each part's map from its labels to them). Refused: numbered classes (an
-    unnamed HDF5's "0".."9") merged with named ones, where names would meet by accident."""
+    """(the mix's classes, each part's map from its labels to them). Refused: a part's numbered classes (an
+    unnamed HDF5's "0".."9") beside another part's named ones, neither mapped, where names would meet by
+    accident; a part with a ``class_map`` or ``label`` says what its classes are."""
+    names = [part.class_names() for part in parts]
+    unmapped = [(p, n) for p, n in zip(parts, names) if n and p.label is None and not p.class_map]
+    numbered = [(p, n) for p, n in unmapped if _numbered(n)]
+    named = [(p, n) for p, n in unmapped if not _numbered(n)]
+    if numbered and named:
+        (a, a_names), (b, b_names) = numbered[0], named[0]
+        raise ValueError(
+            f"source.parts.{a.name} has numbered classes ({', '.join(a_names[:5])}, ...) and "
+            f"source.parts.{b.name} named ones ({', '.join(b_names[:5])}, ...): they cannot be merged by name; "
+            f"name {a.name}'s with {a.key}.class_map={{0: <name>, ...}} (or {b.name}'s with numbers), or give "
+            f"all of a part's samples one class with {a.key}.label=<name>"
+        )
     merged: list[str] = []
     where: dict[str, int] = {}
-    maps, first_named = [], None
-    for part in parts:
-        names = part.class_names()
-        numbered = _numbered(names) and part.label is None and not part.class_map
-        if first_named is None and names:
-            first_named = (part, numbered)
-        elif names and numbered != first_named[1]:
-            a, b = (part, first_named[0]) if numbered else (first_named[0], part)
-            raise ValueError(
-                f"source.parts.{a.name} has numbered classes ({', '.join(a.class_names()[:5])}, ...) and "
-                f"source.parts.{b.name} named ones ({', '.join(b.class_names()[:5])}, ...): they cannot be "
-                f"merged by name; name {a.name}'s with {a.key}.class_map={{0: <name>, ...}}, or give all its "
-                f"samples one class with {a.key}.label=<name>"
-            )
-        for n in names:
+    maps = []
+    for own in names:
+        for n in own:
             if n not in where:
                 where[n] = len(merged)
                 merged.append(n)
-        maps.append(np.array([where[n] for n in names], dtype=np.int64))
+        maps.append(np.array([where[n] for n in own], dtype=np.int64))
     return merged, maps
 
 

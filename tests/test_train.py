@@ -140,3 +140,25 @@ def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exis
         warnings.simplefilter("always")
         train(make_cfg(*run, "trainer.max_epochs=2", "ckpt_path=last"))
     assert not [w for w in seen if "exists and is not empty" in str(w.message)]
+
+
+def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp_path):
+    """experiment=mix_demo with a part swapped for a folder from the command line: the summary holds what
+    each part gave an epoch, and validation the accuracy of each part besides the whole."""
+    cfg = make_cfg(
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",  # validation whole: every part's held-out samples
+        "data.num_workers=0",
+        "data.batch_size=64",
+        "experiment=mix_demo",
+        "source/parts@source.parts.hard=folder",  # the experiment has the part: swapped, not added
+        f"source.parts.hard.source.root={tree}",
+        "source.parts.hard.source.val_fraction=0.5",
+        "source.parts.hard.class_map={cat: '0', dog: '1', eel: '2'}",
+    )
+    summary = train(cfg)
+    assert summary["drawn_per_epoch"] == {"base": 1800, "hard": 200}
+    assert {"val/acc/base", "val/acc/hard"} <= set(summary["metrics"])
+    with open(tmp_path / "out" / "summary.json") as f:
+        assert json.load(f)["drawn_per_epoch"] == {"base": 1800, "hard": 200}
