@@ -451,3 +451,41 @@ def test_two_datasets_on_one_node_share_the_cache_and_its_limit(s3_server, local
             assert records.chunks.read(i)
             assert cache.usage() <= dataset  # both datasets whole would be twice that
     assert cache.fetched()["chunks"] > len(splits[0].chunks.files)  # each dataset in turn evicted the other
+
+
+def test_a_mix_reads_an_s3_part_through_its_own_endpoint_beside_a_local_part_in_chunk_order(
+    s3_server, remote, tmp_path
+):
+    """source=mix: an S3 shards part keeps its own endpoint, credentials and cache; a local folder part
+    beside it; the shards part's slots follow its chunk-aware order."""
+
+    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.mix import MixSource
+    from feedline.datasets.mix_order import part_seed
+
+    s3_part = {
+        "_target_": "feedline.datasets.shards.ShardsSource",
+        "path": remote,
+        "val_fraction": 0,
+        "window": 1,
+        "cache_dir": str(tmp_path / "cache"),
+        "cache_limit": "200KB",
+        "storage_options": options(s3_server),
+    }
+    local = FolderSource(
+        simple_tree(tmp_path / "tree", per_class=4), val_fraction=0, cache_dir=tmp_path / "c"
+    )
+    source = MixSource(
+        {"remote": {"source": s3_part, "weight": 3}, "local": {"source": local}}, epoch_size=40
+    )
+    source.prepare()
+    assert source.classes == local.classes  # the same three class names: merged
+    train = pickle.loads(pickle.dumps(source.split("train")))
+    order = train.epoch_order(0, 0)
+    shards_rows = order[order < train.offsets[1]]
+    assert len(shards_rows) == 30 and len(order) == 40
+    assert shards_rows.tolist() == train.records[0].epoch_order(part_seed(0, 0), 0)[:30].tolist()
+    for i in order.tolist():
+        payload, label = train[i]
+        assert len(payload) and 0 <= label < 3
+    assert train.records[0].chunks.cache.fetched()["chunks"] == len(train.records[0].chunks.files)
