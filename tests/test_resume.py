@@ -391,17 +391,33 @@ def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> lis
     writes from it, in several chunks, read in the chunk-aware order one chunk at a time (source.window=1)."""
     if source == "folder":
         return ["source=folder", f"source.root={tree}", f"source.val_fraction={val_fraction}"]
-    if source == "mix":  # the tree's classes in two parts, drawn by weight 1:1 (each sample once an epoch)
+    if source == "mix":  # half the classes as a folder, half converted to HDF5, drawn 1:1: each sample once
         halves = [tmp_path / "base", tmp_path / "extra"]
         classes = sorted(p.name for p in Path(tree).iterdir())
         for k, name in enumerate(classes):
-            (halves[2 * k >= len(classes)]).mkdir(exist_ok=True)
-            shutil.copytree(Path(tree) / name, halves[2 * k >= len(classes)] / name)
+            half = halves[2 * k >= len(classes)]
+            half.mkdir(exist_ok=True)
+            shutil.copytree(Path(tree) / name, half / name)
+        h5 = tmp_path / "extra.h5"
+        convert = [
+            sys.executable,
+            "convert.py",
+            "source=folder",
+            f"source.root={halves[1]}",
+            f"out.path={h5}",
+            f"paths.cache_dir={tmp_path / 'cache'}",
+            f"hydra.run.dir={tmp_path / 'convert'}",
+        ]
+        written = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
+        assert written.returncode == 0, written.stderr[-3000:]
         return [
             "source=mix",
-            *(f"+source/parts@source.parts.{h.name}=folder" for h in halves),
-            *(f"source.parts.{h.name}.source.root={h}" for h in halves),
-            *(f"source.parts.{h.name}.source.val_fraction={val_fraction}" for h in halves),
+            "+source/parts@source.parts.base=folder",
+            f"source.parts.base.source.root={halves[0]}",
+            f"source.parts.base.source.val_fraction={val_fraction}",
+            "+source/parts@source.parts.extra=hdf5",
+            f"source.parts.extra.source.path={h5}",
+            f"source.parts.extra.source.val_fraction={val_fraction}",
         ]
     out = tmp_path / "shards"
     convert = [
