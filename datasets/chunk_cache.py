@@ -106,9 +106,10 @@ class ChunkCache:
             if found == size:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
-            if found:  # a chunk of that name but another size (another dataset's): never read, fetched again
-                with self._locked():
-                    _evict(path)
+            # a chunk of that name but another size (another dataset's), or one left at 0 bytes (its evictor
+            # killed before the unlink): never read, fetched again; an eviction in progress holds the lock
+            with self._locked():
+                _evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
         while len(files) >= OPEN_FILES:

@@ -237,3 +237,15 @@ def test_a_process_waiting_for_room_while_others_fetch_does_not_time_out(tmp_pat
     stop.set()
     busy.join()
     assert got == [payload("b")]
+
+
+def test_an_empty_file_left_under_a_chunks_name_is_fetched_again_not_waited_on(tmp_path):
+    """A chunk's file left at 0 bytes (a process killed between an eviction's truncate and its unlink, or a
+    node that crashed right after the rename): it was taken for 'being evicted now' and waited on forever."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a").write_bytes(b"")
+    cache, got = ChunkCache(tmp_path / "c", 10 * SIZE), []
+    reader = threading.Thread(target=lambda: got.append(read_whole(cache, "a", fetcher())), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got == [payload("a")]
