@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from urllib.parse import urlparse
 
 SCHEMES = ("s3",)
 OTHER_SCHEMES = ("gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
@@ -80,18 +79,21 @@ class S3Store:
     remote = True
 
     def __init__(self, url: str, storage_options: dict | None = None, key: str = "source.path"):
-        parsed = urlparse(str(url))
-        scheme = parsed.scheme.lower()
+        scheme, _, rest = str(url).partition("://")
+        scheme = scheme.lower()
+        # the rest is the bucket and the key prefix as written: "#", "?" and "%" are characters of an S3 key
+        # (urlparse would drop a "#..." or "?..." tail and read another prefix)
+        bucket, _, prefix = rest.partition("/")
         if scheme in OTHER_SCHEMES:
             raise ValueError(
                 f"{key}={url}: {scheme}:// is not read directly; Google Cloud Storage through its S3 API "
                 f"(s3://bucket/prefix with source.storage_options.endpoint_url=https://storage.googleapis.com "
                 f"and HMAC keys), other stores through an S3 gateway"
             )
-        if scheme not in SCHEMES or not parsed.netloc:
+        if scheme not in SCHEMES or not bucket:
             raise ValueError(f"{key}={url}: not a URL of the form s3://bucket/prefix")
         self.url, self.key = str(url).rstrip("/"), key
-        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
         unknown = sorted(set(self.options) - set(STORAGE_OPTIONS))
         if unknown:

@@ -451,3 +451,22 @@ def test_two_datasets_on_one_node_share_the_cache_and_its_limit(s3_server, local
             assert records.chunks.read(i)
             assert cache.usage() <= dataset  # both datasets whole would be twice that
     assert cache.fetched()["chunks"] > len(splits[0].chunks.files)  # each dataset in turn evicted the other
+
+
+@pytest.mark.parametrize("tail", ["a#b", "a?b=1"])
+def test_a_prefix_with_a_hash_or_question_mark_is_read_as_written(s3_server, local_shards, tmp_path, tail):
+    """'#' and '?' are characters of an S3 key: URL parsing read s3://bucket/x/a#b as s3://bucket/x/a (another
+    dataset there, or a 'not a shards dataset' naming a prefix the user never wrote)."""
+    url = f"{s3_server.new_prefix()}/{tail}"
+    upload_dir(s3_server, local_shards, url)
+    assert len(remote_source(s3_server, url, tmp_path).split("train")) == 30
+
+
+def test_a_url_without_a_bucket_is_refused_by_key(tmp_path):
+    from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import output_dir
+
+    with pytest.raises(ValueError, match=r"source.path=s3://: not a URL of the form s3://bucket/prefix"):
+        ShardsSource("s3://", val_fraction=0, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"out.path=s3:///: not a URL of the form s3://bucket/prefix"):
+        output_dir(WriteOptions(path="s3:///", format="shards"))  # was written to a local folder 's3:'

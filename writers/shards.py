@@ -47,7 +47,7 @@ POLL_S = 0.2
 def output_dir(options: WriteOptions) -> str:
     """The directory (or URL) this conversion writes: ``out.path``, or its part's folder in it."""
     if is_url(options.path):
-        url = str(options.path).rstrip("/")
+        url = S3Store(options.path, options.storage_options, "out.path").url  # "s3://" alone is refused
         return f"{url}/{part_name(options.part, options.parts)}" if options.parts is not None else url
     # a symlink's target: the dataset replaces what the link points at (on that filesystem), not the link
     path = os.path.realpath(os.path.expanduser(str(options.path)))
