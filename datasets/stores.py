@@ -11,6 +11,7 @@ from the byte it reached; nothing waits forever.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -38,6 +39,17 @@ ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this source's own source.storage_optio
 
 def is_url(path) -> bool:
     return "://" in str(path)
+
+
+def _setting(name: str, value):
+    """A retry setting's value as a number (attempts: a whole number >= 1; timeouts: seconds > 0), else None."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return None
+    if name == "max_attempts":
+        return int(number) if 1 <= number < math.inf and number == int(number) else None
+    return number if 0 < number < math.inf else None
 
 
 class StoreError(RuntimeError):
@@ -95,11 +107,18 @@ class S3Store:
         self.url, self.key = str(url).rstrip("/"), key
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
+        where = f"{key.split('.')[0]}.storage_options"  # source.storage_options, out.storage_options
         unknown = sorted(set(self.options) - set(STORAGE_OPTIONS))
         if unknown:
             raise ValueError(
-                f"source.storage_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
+                f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
             )
+        for name in ("max_attempts", "connect_timeout", "read_timeout"):
+            if self.options.get(name) is not None and _setting(name, self.options[name]) is None:
+                raise ValueError(
+                    f"{where}.{name}={self.options[name]!r} must be "
+                    f"{'a whole number of attempts, at least 1' if name == 'max_attempts' else 'seconds, above 0'}"
+                )
         self._client, self._pid = None, None
 
     def __getstate__(self):
@@ -207,7 +226,7 @@ class S3Store:
 
     # -- boto3 -----------------------------------------------------------------------------------------------
     def _max_attempts(self) -> int:
-        return int(self.options.get("max_attempts", MAX_ATTEMPTS))
+        return _setting("max_attempts", self.options.get("max_attempts", MAX_ATTEMPTS))
 
     def client(self):
         if self._pid != os.getpid():

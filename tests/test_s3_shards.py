@@ -470,3 +470,23 @@ def test_a_url_without_a_bucket_is_refused_by_key(tmp_path):
         ShardsSource("s3://", val_fraction=0, cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"out.path=s3:///: not a URL of the form s3://bucket/prefix"):
         output_dir(WriteOptions(path="s3:///", format="shards"))  # was written to a local folder 's3:'
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_attempts", "abc"),
+        ("max_attempts", -1),
+        ("max_attempts", 1.5),
+        ("read_timeout", -1),
+        ("connect_timeout", "5s"),
+    ],
+)
+def test_a_retry_setting_that_is_no_number_is_refused_by_its_key(name, value):
+    """They were taken as given and failed at the first request as a bare ValueError of int() or botocore's
+    (or were rounded: 1.5 attempts), naming the object's URL but not the setting."""
+    from feedline.datasets.stores import S3Store
+
+    with pytest.raises(ValueError, match=rf"out.storage_options.{name}={value!r} must be"):
+        S3Store("s3://bucket/prefix", {name: value}, "out.path")
+    assert S3Store("s3://bucket/prefix", {name: "7"})._max_attempts() in (5, 7)  # a number as text is fine
