@@ -53,7 +53,8 @@ class ChunkCache:
         self.directory, self.limit, self.key = str(directory), int(limit), key
         try:
             os.makedirs(self.directory, exist_ok=True)
-        except OSError as err:
+            os.close(os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644))
+        except OSError as err:  # a read-only mount, another user's directory: named before any work
             raise OSError(
                 err.errno,
                 f"cannot make the chunk cache {self.directory}: {err.strerror}; point source.cache_dir (or "

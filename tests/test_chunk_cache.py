@@ -249,3 +249,21 @@ def test_an_empty_file_left_under_a_chunks_name_is_fetched_again_not_waited_on(t
     reader.start()
     reader.join(10)
     assert got == [payload("a")]
+
+
+def test_a_cache_directory_that_is_there_but_read_only_names_the_setting(tmp_path, monkeypatch):
+    """A cache_dir on a read-only mount (or another user's): the directory exists, so making it succeeded, and
+    the first read failed deep in a worker with a bare 'Read-only file system: .../chunks/.lock'."""
+    import errno
+
+    (tmp_path / "c").mkdir()
+    real = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(tmp_path / "c")) and flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(OSError, match=r"cannot make the chunk cache .*/c: Read-only.*source.cache_dir"):
+        ChunkCache(tmp_path / "c", 10 * SIZE)
