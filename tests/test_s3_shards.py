@@ -490,3 +490,42 @@ def test_a_retry_setting_that_is_no_number_is_refused_by_its_key(name, value):
     with pytest.raises(ValueError, match=rf"out.storage_options.{name}={value!r} must be"):
         S3Store("s3://bucket/prefix", {name: value}, "out.path")
     assert S3Store("s3://bucket/prefix", {name: "7"})._max_attempts() in (5, 7)  # a number as text is fine
+
+
+def test_a_conversion_to_a_url_killed_mid_upload_leaves_no_scratch_copy_behind(
+    s3_server, tmp_path, monkeypatch
+):
+    """The dataset is written to a local scratch directory, then uploaded: a conversion killed (SIGKILL) during
+    the upload left that whole copy in $TMPDIR for good, under a random name no later run looked for."""
+    import multiprocessing
+    import tempfile
+
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers import shards as writer
+    from feedline.writers.options import WriteOptions
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    source = FolderSource(
+        simple_tree(tmp_path / "tree", per_class=3), val_fraction=0, cache_dir=tmp_path / "c"
+    )
+    url = s3_server.new_prefix()
+
+    def convert():
+        out = WriteOptions(
+            path=url, format="shards", chunk_bytes="2KB", workers=1, storage_options=options(s3_server)
+        )
+        return writer.convert_source(source, out)
+
+    def killed_mid_upload():
+        monkeypatch.setattr(writer, "upload", lambda *a: os.kill(os.getpid(), signal.SIGKILL))
+        convert()
+
+    child = multiprocessing.get_context("fork").Process(target=killed_mid_upload)
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    convert()  # the next conversion to that URL
+    assert not [p.name for p in scratch.iterdir() if p.is_dir()]
+    assert len(remote_source(s3_server, url, tmp_path).split("train")) == 9
