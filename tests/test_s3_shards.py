@@ -529,3 +529,27 @@ def test_a_conversion_to_a_url_killed_mid_upload_leaves_no_scratch_copy_behind(
     convert()  # the next conversion to that URL
     assert not [p.name for p in scratch.iterdir() if p.is_dir()]
     assert len(remote_source(s3_server, url, tmp_path).split("train")) == 9
+
+
+def test_an_upload_over_a_dataset_that_may_not_be_deleted_names_the_url(s3_server, local_shards, monkeypatch):
+    """Credentials that may put but not delete (the earlier dataset's index.json goes first): a bare botocore
+    ClientError, naming neither the object nor what to do."""
+    from botocore.exceptions import ClientError
+
+    from feedline.datasets.stores import S3Store
+    from feedline.writers import upload
+
+    url = s3_server.new_prefix()
+    upload.upload(str(local_shards), S3Store(url, options(s3_server), "out.path"))
+    store = S3Store(url, options(s3_server), "out.path")
+
+    def refused(**kwargs):
+        raise ClientError(
+            {"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "DeleteObject"
+        )
+
+    monkeypatch.setattr(store.client(), "delete_object", refused)
+    with pytest.raises(
+        StoreError, match=rf"{url}/index.json: .* refused the credentials .*AWS_ACCESS_KEY_ID"
+    ):
+        upload.upload(str(local_shards), store)
