@@ -72,6 +72,8 @@ class ChunkCache:
     # -- reading ---------------------------------------------------------------------------------------------
     def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytearray:
         """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
+        if not 0 <= offset <= offset + length <= size:  # would read short every time: never an eviction
+            raise ValueError(f"chunk {name}: bytes {offset}..{offset + length} asked of its {size}")
         for _ in range(100):
             fd = self._open(name, size, fetch)
             data = bytearray(length)  # writable: the image's bytes go to torch without a copy

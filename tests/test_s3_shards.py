@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from feedline.datasets.chunk_cache import ChunkCache
@@ -553,3 +554,29 @@ def test_an_upload_over_a_dataset_that_may_not_be_deleted_names_the_url(s3_serve
         StoreError, match=rf"{url}/index.json: .* refused the credentials .*AWS_ACCESS_KEY_ID"
     ):
         upload.upload(str(local_shards), store)
+
+
+def test_an_index_listing_more_samples_than_a_chunk_can_hold_is_named_not_taken_for_a_small_cache(
+    s3_server, local_shards, tmp_path
+):
+    """index.json's sample count for a chunk far above what its bytes can hold: the head read past the end of
+    the cached chunk, was taken for an eviction 100 times, and blamed source.cache_limit."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(local_shards, copy)
+    index = json.loads((copy / "index.json").read_text())
+    more = 10_000 - index["chunks"][0]["chunk_size"]
+    index["chunks"][0]["chunk_size"] = 10_000
+    (copy / "index.json").write_text(json.dumps(index))
+    labels = np.load(copy / "labels.npy")
+    np.save(copy / "labels.npy", np.concatenate([labels, np.zeros(more, labels.dtype)]))  # consistent with it
+    url = s3_server.new_prefix()
+    upload_dir(s3_server, copy, url)
+    records = remote_source(s3_server, url, tmp_path, cache_limit="200KB").split("train")
+    first = records.chunks.files[0]
+    with pytest.raises(
+        ChunkError, match=rf"chunk {url}/{first} does not hold the 10000 samples index.json lists"
+    ):
+        records.chunks.read(0)
