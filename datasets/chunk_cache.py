@@ -177,8 +177,13 @@ class ChunkCache:
             with self._locked():
                 os.rename(part, path)
                 self._count(size)
-        except BaseException:
+        except BaseException as err:
             _remove(part)  # never read as whole: a complete chunk only ever appears by the rename
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheFullError(
+                    f"no space left on the disk of {self.directory} for chunk {name} ({size} bytes): {self.key}="
+                    f"{self.limit} is more than that disk holds; lower it, or free space there"
+                ) from None
             raise
         finally:
             os.close(fd)

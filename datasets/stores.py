@@ -205,18 +205,25 @@ class S3Store:
                 extra = {"IfMatch": etag} if etag else {}
                 if done:
                     extra["Range"] = f"bytes={done}-"
+                writing = False
                 try:
                     body = self._call(
                         "get_object", rel, Bucket=self.bucket, Key=self.object_key(rel), **extra
                     )
                     etag = etag or body.get("ETag")
                     for piece in body["Body"].iter_chunks(1 << 20):
+                        writing = True
                         out.write(piece)
+                        writing = False
                         done += len(piece)
                     return
                 except StoreError:
                     raise
                 except Exception as err:  # the body broke off (connection reset, read timeout)
+                    if writing:  # the local file refused it (disk full, more than index.json says)
+                        if getattr(err, "errno", None):
+                            raise  # the disk's own error: no retry helps (the chunk cache names its setting)
+                        raise self._error(err, rel) from err
                     attempt += 1
                     if attempt >= self._max_attempts():
                         raise self._error(err, rel) from err

@@ -267,3 +267,18 @@ def test_a_cache_directory_that_is_there_but_read_only_names_the_setting(tmp_pat
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(OSError, match=r"cannot make the chunk cache .*/c: Read-only.*source.cache_dir"):
         ChunkCache(tmp_path / "c", 10 * SIZE)
+
+
+def test_a_disk_full_under_the_limit_names_the_directory_and_the_setting(tmp_path):
+    """A limit above what the cache's disk can hold: the download's write fails with ENOSPC, which surfaced as a
+    bare 'No space left on device' with no word of source.cache_limit."""
+    import errno
+
+    def disk_full(out):
+        out.write(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cache = ChunkCache(tmp_path / "c", 10 * SIZE)
+    with pytest.raises(CacheFullError, match=r"no space left on the disk of .*/c .*source.cache_limit=10000"):
+        cache.read("a", SIZE, 0, SIZE, disk_full)
+    assert os.listdir(tmp_path / "c") == [".lock"]

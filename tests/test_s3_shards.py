@@ -580,3 +580,30 @@ def test_an_index_listing_more_samples_than_a_chunk_can_hold_is_named_not_taken_
         ChunkError, match=rf"chunk {url}/{first} does not hold the 10000 samples index.json lists"
     ):
         records.chunks.read(0)
+
+
+def test_a_chunk_the_local_file_refuses_is_not_fetched_again_as_a_broken_body(monkeypatch):
+    """A write to the cache that fails (disk full, more bytes than index.json says) is no broken connection:
+    it was requested again from the same byte, with backoff, max_attempts times, to fail the same way."""
+    import errno
+
+    from feedline.datasets.stores import S3Store
+
+    store, calls = S3Store("s3://bucket/prefix"), []
+
+    class Body:
+        def iter_chunks(self, n):
+            yield b"a" * 50
+
+    def call(method, rel, **kwargs):
+        calls.append(kwargs)
+        return {"Body": Body(), "ETag": '"e"'}
+
+    class Full:
+        def write(self, piece):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "_call", call)
+    with pytest.raises(OSError, match="No space left"):
+        store.fetch("chunk-0-0.bin")(Full())
+    assert len(calls) == 1
