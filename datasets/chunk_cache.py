@@ -28,6 +28,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import BinaryIO
@@ -196,8 +197,11 @@ class ChunkCache:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
-                    used += st.st_size
-                    if entry.name.endswith(".part"):
+                    bytes_ = _size(entry)
+                    used += bytes_
+                    if entry.is_dir(follow_symlinks=False):  # an earlier layout's cache of a dataset
+                        chunks.append((st.st_mtime_ns, entry.path, bytes_))  # aged out whole
+                    elif entry.name.endswith(".part"):
                         parts.append((entry.path, st.st_size))
                     elif not entry.name.startswith("."):
                         chunks.append((st.st_mtime_ns, entry.path, st.st_size))
@@ -221,7 +225,7 @@ class ChunkCache:
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
-                    total += entry.stat(follow_symlinks=False).st_size
+                    total += _size(entry)
         return total
 
     def _count(self, size: int) -> None:
@@ -295,9 +299,25 @@ def _held(path: str) -> bool:
     return False
 
 
+def _size(entry: os.DirEntry) -> int:
+    """Bytes of a directory entry: a file's size; a directory's files (the cache of one dataset, as the cache
+    was laid out before it was one per node), all of them."""
+    if not entry.is_dir(follow_symlinks=False):
+        return entry.stat(follow_symlinks=False).st_size
+    total = 0
+    for root, _, names in os.walk(entry.path):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
 def _evict(path: str) -> bool:
     """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
     where a process holds it open (that process sees 0 bytes and fetches it again)."""
+    if os.path.isdir(path) and not os.path.islink(path):  # an earlier layout's dataset cache
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.exists(path)
     fd = _locked_exclusively(path, os.O_RDWR)
     if fd is None:
         return False  # gone, or being read now

@@ -282,3 +282,18 @@ def test_a_disk_full_under_the_limit_names_the_directory_and_the_setting(tmp_pat
     with pytest.raises(CacheFullError, match=r"no space left on the disk of .*/c .*source.cache_limit=10000"):
         cache.read("a", SIZE, 0, SIZE, disk_full)
     assert os.listdir(tmp_path / "c") == [".lock"]
+
+
+def test_an_earlier_layouts_dataset_directory_in_the_cache_counts_and_ages_out(tmp_path):
+    """The cache was one directory per dataset (<cache_dir>/chunks/<url>-<digest>/) before it was one per node
+    (<cache_dir>/chunks/): a node's cache from then sat in the new one uncounted, and making room reached it
+    first (the oldest) and failed with IsADirectoryError on every download."""
+    old = tmp_path / "c" / "bucket-train-0123456789abcdef"
+    old.mkdir(parents=True)
+    (old / "chunk-0-0.bin").write_bytes(b"o" * (8 * SIZE))
+    (old / ".lock").write_bytes(b"")
+    os.utime(old, (1, 1))
+    cache = ChunkCache(tmp_path / "c", 3 * SIZE)
+    assert cache.usage() >= 8 * SIZE
+    assert read_whole(cache, "a", fetcher()) == payload("a")
+    assert not old.exists() and cache.usage() <= cache.limit
