@@ -315,7 +315,10 @@ def _size(entry: os.DirEntry) -> int:
 def _evict(path: str) -> bool:
     """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
     where a process holds it open (that process sees 0 bytes and fetches it again)."""
-    if os.path.isdir(path) and not os.path.islink(path):  # an earlier layout's dataset cache
+    if os.path.islink(path):  # not a chunk of ours: the link goes, never the file it points at
+        _remove(path)
+        return True
+    if os.path.isdir(path):  # an earlier layout's dataset cache
         shutil.rmtree(path, ignore_errors=True)
         return not os.path.exists(path)
     fd = _locked_exclusively(path, os.O_RDWR)

@@ -297,3 +297,17 @@ def test_an_earlier_layouts_dataset_directory_in_the_cache_counts_and_ages_out(t
     assert cache.usage() >= 8 * SIZE
     assert read_whole(cache, "a", fetcher()) == payload("a")
     assert not old.exists() and cache.usage() <= cache.limit
+
+
+def test_making_room_never_truncates_a_file_outside_the_cache_through_a_symlink(tmp_path):
+    """A symlink in the cache directory (a chunk linked in from a shared copy): eviction opened it, followed
+    the link, and truncated the file it points at to 0 bytes."""
+    outside = tmp_path / "shared-chunk.bin"
+    outside.write_bytes(b"s" * SIZE)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "linked").symlink_to(outside)
+    os.utime(tmp_path / "c" / "linked", (1, 1), follow_symlinks=False)  # the oldest: evicted first
+    cache = ChunkCache(tmp_path / "c", 2 * SIZE)
+    for name in ("a", "b", "d"):
+        assert read_whole(cache, name, fetcher()) == payload(name)
+    assert outside.read_bytes() == b"s" * SIZE
