@@ -111,9 +111,11 @@ class ChunkCache:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
             # a chunk of that name but another size (another dataset's), or one left at 0 bytes (its evictor
-            # killed before the unlink): never read, fetched again; an eviction in progress holds the lock
-            with self._locked():
-                _evict(path)
+            # killed before the unlink): never read, fetched again; an eviction in progress holds the lock,
+            # and what is there once we hold it may be the chunk fetched again meanwhile (of its size): kept
+            with self._locked(), contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_size != size:
+                    _evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
         while len(files) >= OPEN_FILES:
