@@ -108,6 +108,13 @@ class CachedChunks(Chunks):
             self._offsets, self._offsets_pid = {}, os.getpid()
         if c not in self._offsets:
             n = int(self.sizes[c])
+            if (
+                4 * (n + 2) > self.nbytes[c]
+            ):  # not even its offsets fit: a read past its end, never an eviction
+                raise ChunkError(
+                    f"chunk {self.url(c)} does not hold the {n} samples index.json lists ({int(self.nbytes[c])} "
+                    f"bytes): convert it again"
+                )
             head = self._bytes(c, 0, 4 * (n + 2))
             offsets = np.frombuffer(head, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
             if (

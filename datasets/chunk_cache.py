@@ -28,6 +28,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import BinaryIO
@@ -53,7 +54,8 @@ class ChunkCache:
         self.directory, self.limit, self.key = str(directory), int(limit), key
         try:
             os.makedirs(self.directory, exist_ok=True)
-        except OSError as err:
+            os.close(os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644))
+        except OSError as err:  # a read-only mount, another user's directory: named before any work
             raise OSError(
                 err.errno,
                 f"cannot make the chunk cache {self.directory}: {err.strerror}; point source.cache_dir (or "
@@ -71,6 +73,8 @@ class ChunkCache:
     # -- reading ---------------------------------------------------------------------------------------------
     def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytearray:
         """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
+        if not 0 <= offset <= offset + length <= size:  # would read short every time: never an eviction
+            raise ValueError(f"chunk {name}: bytes {offset}..{offset + length} asked of its {size}")
         for _ in range(100):
             fd = self._open(name, size, fetch)
             data = bytearray(length)  # writable: the image's bytes go to torch without a copy
@@ -106,8 +110,11 @@ class ChunkCache:
             if found == size:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
-            if found:  # a chunk of that name but another size (another dataset's): never read, fetched again
-                with self._locked():
+            # a chunk of that name but another size (another dataset's), or one left at 0 bytes (its evictor
+            # killed before the unlink): never read, fetched again; an eviction in progress holds the lock,
+            # and what is there once we hold it may be the chunk fetched again meanwhile (of its size): kept
+            with self._locked(), contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_size != size:
                     _evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
@@ -173,8 +180,13 @@ class ChunkCache:
             with self._locked():
                 os.rename(part, path)
                 self._count(size)
-        except BaseException:
+        except BaseException as err:
             _remove(part)  # never read as whole: a complete chunk only ever appears by the rename
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheFullError(
+                    f"no space left on the disk of {self.directory} for chunk {name} ({size} bytes): {self.key}="
+                    f"{self.limit} is more than that disk holds; lower it, or free space there"
+                ) from None
             raise
         finally:
             os.close(fd)
@@ -187,8 +199,11 @@ class ChunkCache:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
-                    used += st.st_size
-                    if entry.name.endswith(".part"):
+                    bytes_ = _size(entry)
+                    used += bytes_
+                    if entry.is_dir(follow_symlinks=False):  # an earlier layout's cache of a dataset
+                        chunks.append((st.st_mtime_ns, entry.path, bytes_))  # aged out whole
+                    elif entry.name.endswith(".part"):
                         parts.append((entry.path, st.st_size))
                     elif not entry.name.startswith("."):
                         chunks.append((st.st_mtime_ns, entry.path, st.st_size))
@@ -212,7 +227,7 @@ class ChunkCache:
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 with contextlib.suppress(FileNotFoundError):
-                    total += entry.stat(follow_symlinks=False).st_size
+                    total += _size(entry)
         return total
 
     def _count(self, size: int) -> None:
@@ -286,9 +301,28 @@ def _held(path: str) -> bool:
     return False
 
 
+def _size(entry: os.DirEntry) -> int:
+    """Bytes of a directory entry: a file's size; a directory's files (the cache of one dataset, as the cache
+    was laid out before it was one per node), all of them."""
+    if not entry.is_dir(follow_symlinks=False):
+        return entry.stat(follow_symlinks=False).st_size
+    total = 0
+    for root, _, names in os.walk(entry.path):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
 def _evict(path: str) -> bool:
     """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
     where a process holds it open (that process sees 0 bytes and fetches it again)."""
+    if os.path.islink(path):  # not a chunk of ours: the link goes, never the file it points at
+        _remove(path)
+        return True
+    if os.path.isdir(path):  # an earlier layout's dataset cache
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.exists(path)
     fd = _locked_exclusively(path, os.O_RDWR)
     if fd is None:
         return False  # gone, or being read now

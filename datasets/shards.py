@@ -105,7 +105,7 @@ class ShardsSource(Source):
         self._dataset(self.path, "source.path")  # a bad path, a missing part: fails before any work starts
 
     def _location(self, path, key: str) -> str:
-        return str(path).rstrip("/") if is_url(path) else require_dir(path, key)
+        return S3Store(path, self.storage_options, key).url if is_url(path) else require_dir(path, key)
 
     def _store(self, path: str, key: str):
         return S3Store(path, self.storage_options, key) if is_url(path) else LocalStore(path)

@@ -11,9 +11,9 @@ from the byte it reached; nothing waits forever.
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from urllib.parse import urlparse
 
 SCHEMES = ("s3",)
 OTHER_SCHEMES = ("gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
@@ -39,6 +39,17 @@ ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this source's own source.storage_optio
 
 def is_url(path) -> bool:
     return "://" in str(path)
+
+
+def _setting(name: str, value):
+    """A retry setting's value as a number (attempts: a whole number >= 1; timeouts: seconds > 0), else None."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return None
+    if name == "max_attempts":
+        return int(number) if 1 <= number < math.inf and number == int(number) else None
+    return number if 0 < number < math.inf else None
 
 
 class StoreError(RuntimeError):
@@ -80,24 +91,34 @@ class S3Store:
     remote = True
 
     def __init__(self, url: str, storage_options: dict | None = None, key: str = "source.path"):
-        parsed = urlparse(str(url))
-        scheme = parsed.scheme.lower()
+        scheme, _, rest = str(url).partition("://")
+        scheme = scheme.lower()
+        # the rest is the bucket and the key prefix as written: "#", "?" and "%" are characters of an S3 key
+        # (urlparse would drop a "#..." or "?..." tail and read another prefix)
+        bucket, _, prefix = rest.partition("/")
         if scheme in OTHER_SCHEMES:
             raise ValueError(
                 f"{key}={url}: {scheme}:// is not read directly; Google Cloud Storage through its S3 API "
                 f"(s3://bucket/prefix with source.storage_options.endpoint_url=https://storage.googleapis.com "
                 f"and HMAC keys), other stores through an S3 gateway"
             )
-        if scheme not in SCHEMES or not parsed.netloc:
+        if scheme not in SCHEMES or not bucket:
             raise ValueError(f"{key}={url}: not a URL of the form s3://bucket/prefix")
         self.url, self.key = str(url).rstrip("/"), key
-        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
+        where = f"{key.split('.')[0]}.storage_options"  # source.storage_options, out.storage_options
         unknown = sorted(set(self.options) - set(STORAGE_OPTIONS))
         if unknown:
             raise ValueError(
-                f"source.storage_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
+                f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
             )
+        for name in ("max_attempts", "connect_timeout", "read_timeout"):
+            if self.options.get(name) is not None and _setting(name, self.options[name]) is None:
+                raise ValueError(
+                    f"{where}.{name}={self.options[name]!r} must be "
+                    f"{'a whole number of attempts, at least 1' if name == 'max_attempts' else 'seconds, above 0'}"
+                )
         self._client, self._pid = None, None
 
     def __getstate__(self):
@@ -184,18 +205,25 @@ class S3Store:
                 extra = {"IfMatch": etag} if etag else {}
                 if done:
                     extra["Range"] = f"bytes={done}-"
+                writing = False
                 try:
                     body = self._call(
                         "get_object", rel, Bucket=self.bucket, Key=self.object_key(rel), **extra
                     )
                     etag = etag or body.get("ETag")
                     for piece in body["Body"].iter_chunks(1 << 20):
+                        writing = True
                         out.write(piece)
+                        writing = False
                         done += len(piece)
                     return
                 except StoreError:
                     raise
                 except Exception as err:  # the body broke off (connection reset, read timeout)
+                    if writing:  # the local file refused it (disk full, more than index.json says)
+                        if getattr(err, "errno", None):
+                            raise  # the disk's own error: no retry helps (the chunk cache names its setting)
+                        raise self._error(err, rel) from err
                     attempt += 1
                     if attempt >= self._max_attempts():
                         raise self._error(err, rel) from err
@@ -205,7 +233,7 @@ class S3Store:
 
     # -- boto3 -----------------------------------------------------------------------------------------------
     def _max_attempts(self) -> int:
-        return int(self.options.get("max_attempts", MAX_ATTEMPTS))
+        return _setting("max_attempts", self.options.get("max_attempts", MAX_ATTEMPTS))
 
     def client(self):
         if self._pid != os.getpid():

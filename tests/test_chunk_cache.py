@@ -237,3 +237,77 @@ def test_a_process_waiting_for_room_while_others_fetch_does_not_time_out(tmp_pat
     stop.set()
     busy.join()
     assert got == [payload("b")]
+
+
+def test_an_empty_file_left_under_a_chunks_name_is_fetched_again_not_waited_on(tmp_path):
+    """A chunk's file left at 0 bytes (a process killed between an eviction's truncate and its unlink, or a
+    node that crashed right after the rename): it was taken for 'being evicted now' and waited on forever."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a").write_bytes(b"")
+    cache, got = ChunkCache(tmp_path / "c", 10 * SIZE), []
+    reader = threading.Thread(target=lambda: got.append(read_whole(cache, "a", fetcher())), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got == [payload("a")]
+
+
+def test_a_cache_directory_that_is_there_but_read_only_names_the_setting(tmp_path, monkeypatch):
+    """A cache_dir on a read-only mount (or another user's): the directory exists, so making it succeeded, and
+    the first read failed deep in a worker with a bare 'Read-only file system: .../chunks/.lock'."""
+    import errno
+
+    (tmp_path / "c").mkdir()
+    real = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(tmp_path / "c")) and flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(OSError, match=r"cannot make the chunk cache .*/c: Read-only.*source.cache_dir"):
+        ChunkCache(tmp_path / "c", 10 * SIZE)
+
+
+def test_a_disk_full_under_the_limit_names_the_directory_and_the_setting(tmp_path):
+    """A limit above what the cache's disk can hold: the download's write fails with ENOSPC, which surfaced as a
+    bare 'No space left on device' with no word of source.cache_limit."""
+    import errno
+
+    def disk_full(out):
+        out.write(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cache = ChunkCache(tmp_path / "c", 10 * SIZE)
+    with pytest.raises(CacheFullError, match=r"no space left on the disk of .*/c .*source.cache_limit=10000"):
+        cache.read("a", SIZE, 0, SIZE, disk_full)
+    assert os.listdir(tmp_path / "c") == [".lock"]
+
+
+def test_an_earlier_layouts_dataset_directory_in_the_cache_counts_and_ages_out(tmp_path):
+    """The cache was one directory per dataset (<cache_dir>/chunks/<url>-<digest>/) before it was one per node
+    (<cache_dir>/chunks/): a node's cache from then sat in the new one uncounted, and making room reached it
+    first (the oldest) and failed with IsADirectoryError on every download."""
+    old = tmp_path / "c" / "bucket-train-0123456789abcdef"
+    old.mkdir(parents=True)
+    (old / "chunk-0-0.bin").write_bytes(b"o" * (8 * SIZE))
+    (old / ".lock").write_bytes(b"")
+    os.utime(old, (1, 1))
+    cache = ChunkCache(tmp_path / "c", 3 * SIZE)
+    assert cache.usage() >= 8 * SIZE
+    assert read_whole(cache, "a", fetcher()) == payload("a")
+    assert not old.exists() and cache.usage() <= cache.limit
+
+
+def test_making_room_never_truncates_a_file_outside_the_cache_through_a_symlink(tmp_path):
+    """A symlink in the cache directory (a chunk linked in from a shared copy): eviction opened it, followed
+    the link, and truncated the file it points at to 0 bytes."""
+    outside = tmp_path / "shared-chunk.bin"
+    outside.write_bytes(b"s" * SIZE)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "linked").symlink_to(outside)
+    os.utime(tmp_path / "c" / "linked", (1, 1), follow_symlinks=False)  # the oldest: evicted first
+    cache = ChunkCache(tmp_path / "c", 2 * SIZE)
+    for name in ("a", "b", "d"):
+        assert read_whole(cache, name, fetcher()) == payload(name)
+    assert outside.read_bytes() == b"s" * SIZE

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from feedline.datasets.chunk_cache import ChunkCache
@@ -313,7 +314,7 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
 
     def sample():
         while not done_sampling.is_set():
-            for directory in tmp_path.glob("caches-*/chunks/*"):
+            for directory in tmp_path.glob("caches-*/chunks"):  # the node's one cache directory
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                     used = sum(entry.stat().st_size for entry in os.scandir(directory))
                     peak[directory] = max(peak.get(directory, 0), used)
@@ -489,3 +490,158 @@ def test_a_mix_reads_an_s3_part_through_its_own_endpoint_beside_a_local_part_in_
         payload, label = train[i]
         assert len(payload) and 0 <= label < 3
     assert train.records[0].chunks.cache.fetched()["chunks"] == len(train.records[0].chunks.files)
+
+
+@pytest.mark.parametrize("tail", ["a#b", "a?b=1"])
+def test_a_prefix_with_a_hash_or_question_mark_is_read_as_written(s3_server, local_shards, tmp_path, tail):
+    """'#' and '?' are characters of an S3 key: URL parsing read s3://bucket/x/a#b as s3://bucket/x/a (another
+    dataset there, or a 'not a shards dataset' naming a prefix the user never wrote)."""
+    url = f"{s3_server.new_prefix()}/{tail}"
+    upload_dir(s3_server, local_shards, url)
+    assert len(remote_source(s3_server, url, tmp_path).split("train")) == 30
+
+
+def test_a_url_without_a_bucket_is_refused_by_key(tmp_path):
+    from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import output_dir
+
+    with pytest.raises(ValueError, match=r"source.path=s3://: not a URL of the form s3://bucket/prefix"):
+        ShardsSource("s3://", val_fraction=0, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"out.path=s3:///: not a URL of the form s3://bucket/prefix"):
+        output_dir(WriteOptions(path="s3:///", format="shards"))  # was written to a local folder 's3:'
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_attempts", "abc"),
+        ("max_attempts", -1),
+        ("max_attempts", 1.5),
+        ("read_timeout", -1),
+        ("connect_timeout", "5s"),
+    ],
+)
+def test_a_retry_setting_that_is_no_number_is_refused_by_its_key(name, value):
+    """They were taken as given and failed at the first request as a bare ValueError of int() or botocore's
+    (or were rounded: 1.5 attempts), naming the object's URL but not the setting."""
+    from feedline.datasets.stores import S3Store
+
+    with pytest.raises(ValueError, match=rf"out.storage_options.{name}={value!r} must be"):
+        S3Store("s3://bucket/prefix", {name: value}, "out.path")
+    assert S3Store("s3://bucket/prefix", {name: "7"})._max_attempts() in (5, 7)  # a number as text is fine
+
+
+def test_a_conversion_to_a_url_killed_mid_upload_leaves_no_scratch_copy_behind(
+    s3_server, tmp_path, monkeypatch
+):
+    """The dataset is written to a local scratch directory, then uploaded: a conversion killed (SIGKILL) during
+    the upload left that whole copy in $TMPDIR for good, under a random name no later run looked for."""
+    import multiprocessing
+    import tempfile
+
+    from feedline.datasets.folder import FolderSource
+    from feedline.writers import shards as writer
+    from feedline.writers.options import WriteOptions
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    source = FolderSource(
+        simple_tree(tmp_path / "tree", per_class=3), val_fraction=0, cache_dir=tmp_path / "c"
+    )
+    url = s3_server.new_prefix()
+
+    def convert():
+        out = WriteOptions(
+            path=url, format="shards", chunk_bytes="2KB", workers=1, storage_options=options(s3_server)
+        )
+        return writer.convert_source(source, out)
+
+    def killed_mid_upload():
+        monkeypatch.setattr(writer, "upload", lambda *a: os.kill(os.getpid(), signal.SIGKILL))
+        convert()
+
+    child = multiprocessing.get_context("fork").Process(target=killed_mid_upload)
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    convert()  # the next conversion to that URL
+    assert not [p.name for p in scratch.iterdir() if p.is_dir()]
+    assert len(remote_source(s3_server, url, tmp_path).split("train")) == 9
+
+
+def test_an_upload_over_a_dataset_that_may_not_be_deleted_names_the_url(s3_server, local_shards, monkeypatch):
+    """Credentials that may put but not delete (the earlier dataset's index.json goes first): a bare botocore
+    ClientError, naming neither the object nor what to do."""
+    from botocore.exceptions import ClientError
+
+    from feedline.datasets.stores import S3Store
+    from feedline.writers import upload
+
+    url = s3_server.new_prefix()
+    upload.upload(str(local_shards), S3Store(url, options(s3_server), "out.path"))
+    store = S3Store(url, options(s3_server), "out.path")
+
+    def refused(**kwargs):
+        raise ClientError(
+            {"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "DeleteObject"
+        )
+
+    monkeypatch.setattr(store.client(), "delete_object", refused)
+    with pytest.raises(
+        StoreError, match=rf"{url}/index.json: .* refused the credentials .*AWS_ACCESS_KEY_ID"
+    ):
+        upload.upload(str(local_shards), store)
+
+
+def test_an_index_listing_more_samples_than_a_chunk_can_hold_is_named_not_taken_for_a_small_cache(
+    s3_server, local_shards, tmp_path
+):
+    """index.json's sample count for a chunk far above what its bytes can hold: the head read past the end of
+    the cached chunk, was taken for an eviction 100 times, and blamed source.cache_limit."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(local_shards, copy)
+    index = json.loads((copy / "index.json").read_text())
+    more = 10_000 - index["chunks"][0]["chunk_size"]
+    index["chunks"][0]["chunk_size"] = 10_000
+    (copy / "index.json").write_text(json.dumps(index))
+    labels = np.load(copy / "labels.npy")
+    np.save(copy / "labels.npy", np.concatenate([labels, np.zeros(more, labels.dtype)]))  # consistent with it
+    url = s3_server.new_prefix()
+    upload_dir(s3_server, copy, url)
+    records = remote_source(s3_server, url, tmp_path, cache_limit="200KB").split("train")
+    first = records.chunks.files[0]
+    with pytest.raises(
+        ChunkError, match=rf"chunk {url}/{first} does not hold the 10000 samples index.json lists"
+    ):
+        records.chunks.read(0)
+
+
+def test_a_chunk_the_local_file_refuses_is_not_fetched_again_as_a_broken_body(monkeypatch):
+    """A write to the cache that fails (disk full, more bytes than index.json says) is no broken connection:
+    it was requested again from the same byte, with backoff, max_attempts times, to fail the same way."""
+    import errno
+
+    from feedline.datasets.stores import S3Store
+
+    store, calls = S3Store("s3://bucket/prefix"), []
+
+    class Body:
+        def iter_chunks(self, n):
+            yield b"a" * 50
+
+    def call(method, rel, **kwargs):
+        calls.append(kwargs)
+        return {"Body": Body(), "ETag": '"e"'}
+
+    class Full:
+        def write(self, piece):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "_call", call)
+    with pytest.raises(OSError, match="No space left"):
+        store.fetch("chunk-0-0.bin")(Full())
+    assert len(calls) == 1

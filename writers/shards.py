@@ -47,7 +47,7 @@ POLL_S = 0.2
 def output_dir(options: WriteOptions) -> str:
     """The directory (or URL) this conversion writes: ``out.path``, or its part's folder in it."""
     if is_url(options.path):
-        url = str(options.path).rstrip("/")
+        url = S3Store(options.path, options.storage_options, "out.path").url  # "s3://" alone is refused
         return f"{url}/{part_name(options.part, options.parts)}" if options.parts is not None else url
     # a symlink's target: the dataset replaces what the link points at (on that filesystem), not the link
     path = os.path.realpath(os.path.expanduser(str(options.path)))
@@ -116,21 +116,45 @@ def _write_to(records, classes, options: WriteOptions, target: str, description:
     whole (``upload.py``)."""
     if not is_url(target):
         return _write(records, classes, options, target, description)
-    with tempfile.TemporaryDirectory(prefix="feedline-shards-") as scratch:
+    # named for the URL and this process: a killed conversion's copy is found and removed by the next one
+    stem = f"{_lock_path(target)}.scratch-"
+    for stale in glob.glob(f"{glob.escape(stem)}*"):
+        if not _alive(stale[len(stem) :]):
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = f"{stem}{os.getpid()}"
+    try:
         summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description)
         summary["bytes"] = upload(summary["path"], remote_store(options))
-        summary["path"] = target
-        if summary["report"]:
-            summary["report"] = f"{target}/skipped.tsv"
-        return summary
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary["path"] = target
+    if summary["report"]:
+        summary["report"] = f"{target}/skipped.tsv"
+    return summary
+
+
+def _lock_path(url: str) -> str:
+    """The local lock file of a conversion to ``url`` (under the temp dir); its scratch copies sit beside it."""
+    return os.path.join(
+        tempfile.gettempdir(), f"feedline-upload-{hashlib.blake2b(url.encode(), digest_size=8).hexdigest()}"
+    )
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextlib.contextmanager
 def _locked(target: str, lock: bool):
     """One conversion at a time per output (on this machine, for a URL: a lock file under the temp dir)."""
     if is_url(target):
-        digest = hashlib.blake2b(target.encode(), digest_size=8).hexdigest()
-        target = os.path.join(tempfile.gettempdir(), f"feedline-upload-{digest}")
+        target = _lock_path(target)
     with writer_lock(target, "conversion", "out.path") if lock else contextlib.nullcontext():
         yield
 

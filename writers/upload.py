@@ -51,7 +51,7 @@ def upload(local: str, store: S3Store) -> int:
     before = store.sizes()
     for name in reversed(LAST):  # an earlier dataset stops reading as one before anything is replaced
         if name in before:
-            client.delete_object(Bucket=store.bucket, Key=store.object_key(name))
+            store._call("delete_object", name, Bucket=store.bucket, Key=store.object_key(name))
     names = sorted(os.listdir(local))
     order = [n for n in names if n not in LAST] + [n for n in LAST if n in names]
     total = sum(os.path.getsize(os.path.join(local, n)) for n in order)
@@ -64,5 +64,5 @@ def upload(local: str, store: S3Store) -> int:
             except Exception as err:
                 raise store._error(err, name) from err
     for name in sorted(set(before) - set(order)):
-        client.delete_object(Bucket=store.bucket, Key=store.object_key(name))
+        store._call("delete_object", name, Bucket=store.bucket, Key=store.object_key(name))
     return total
