@@ -31,10 +31,17 @@ STORAGE_OPTIONS = (
 )
 MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
 CREDENTIALS_HELP = (
-    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this source's own "
-    "source.storage_options.aws_access_key_id / aws_secret_access_key / profile_name"
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this {owner}'s own "
+    "{group}.storage_options.aws_access_key_id / aws_secret_access_key / profile_name"
 )
-ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this source's own source.storage_options.endpoint_url"
+ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this {owner}'s own {group}.storage_options.endpoint_url"
+
+
+def _help(text: str, key: str) -> str:
+    """``text`` for the config group that ``key`` belongs to: ``source.path`` -> source.storage_options,
+    ``out.path`` (convert.py's output) -> out.storage_options."""
+    group = str(key).split(".", 1)[0]
+    return text.format(group=group, owner="output" if group == "out" else "source")
 
 
 def is_url(path) -> bool:
@@ -85,7 +92,7 @@ class S3Store:
         if scheme in OTHER_SCHEMES:
             raise ValueError(
                 f"{key}={url}: {scheme}:// is not read directly; Google Cloud Storage through its S3 API "
-                f"(s3://bucket/prefix with source.storage_options.endpoint_url=https://storage.googleapis.com "
+                f"(s3://bucket/prefix with {key.split('.', 1)[0]}.storage_options.endpoint_url=https://storage.googleapis.com "
                 f"and HMAC keys), other stores through an S3 gateway"
             )
         if scheme not in SCHEMES or not parsed.netloc:
@@ -96,7 +103,7 @@ class S3Store:
         unknown = sorted(set(self.options) - set(STORAGE_OPTIONS))
         if unknown:
             raise ValueError(
-                f"source.storage_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
+                f"{key.split('.', 1)[0]}.storage_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
             )
         self._client, self._pid = None, None
 
@@ -256,9 +263,9 @@ class S3Store:
                 code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403")
                 or status == "403"
             ):
-                text = f"{url}: {endpoint} refused the credentials ({code or status}): {CREDENTIALS_HELP}"
+                text = f"{url}: {endpoint} refused the credentials ({code or status}): {_help(CREDENTIALS_HELP, self.key)}"
             elif code == "NoSuchBucket":
-                text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {ENDPOINT_HELP}"
+                text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {_help(ENDPOINT_HELP, self.key)}"
             elif code in ("PreconditionFailed", "412") or status == "412":
                 text = (
                     f"{url} was replaced at {endpoint} after this run listed it: the dataset was written again "
@@ -269,19 +276,19 @@ class S3Store:
             else:
                 text = f"{url}: {endpoint} answered {code or status}: {err}"
         elif isinstance(err, bx.NoCredentialsError | bx.PartialCredentialsError):
-            text = f"{url}: no credentials found: {CREDENTIALS_HELP}"
+            text = f"{url}: no credentials found: {_help(CREDENTIALS_HELP, self.key)}"
         elif isinstance(err, bx.ProfileNotFound):
-            text = f"{url}: {err}: set source.storage_options.profile_name (or AWS_PROFILE) to a profile of ~/.aws/config"
+            text = f"{url}: {err}: set {self.key.split('.', 1)[0]}.storage_options.profile_name (or AWS_PROFILE) to a profile of ~/.aws/config"
         elif isinstance(err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
             text = (
                 f"{url}: cannot reach {endpoint} after {self._max_attempts()} attempts with backoff ({type(err).__name__}); "
-                f"is it up? The endpoint: {ENDPOINT_HELP}"
+                f"is it up? The endpoint: {_help(ENDPOINT_HELP, self.key)}"
             )
         elif (
             isinstance(err, bx.InvalidEndpointDiscoveryConfigurationError | ValueError)
             and "endpoint" in str(err).lower()
         ):
-            text = f"{url}: invalid endpoint ({err}): {ENDPOINT_HELP}"
+            text = f"{url}: invalid endpoint ({err}): {_help(ENDPOINT_HELP, self.key)}"
         else:
             text = f"{url}: {type(err).__name__}: {err}"
         out = StoreError(text)

@@ -392,6 +392,23 @@ def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch
     assert Out.data in (versions["v1"], versions["v2"]), Out.data
 
 
+@pytest.mark.parametrize("key, group", [("source.path", "source"), ("source.val_path", "source"), ("out.path", "out")])
+def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group):
+    """convert.py's output (out.path) is set through out.storage_options, not source.storage_options."""
+    from botocore import exceptions as bx
+
+    from feedline.datasets.stores import S3Store
+
+    store = S3Store("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:1"}, key)
+    denied = bx.ClientError({"Error": {"Code": "SignatureDoesNotMatch"}}, "ListObjectsV2")
+    for err in (denied, bx.NoCredentialsError(), bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")):
+        text = str(store._error(err, "index.json"))
+        assert f"{group}.storage_options." in text, text
+        assert ("source.storage_options" in text) is (group == "source"), text
+    with pytest.raises(ValueError, match=rf"^{group}\.storage_options: unknown key"):
+        S3Store("s3://bucket/prefix", {"endpoint": "x"}, key)
+
+
 def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_server, local_shards, tmp_path):
     """The same URL written again in another order (out.seed): the chunks have the same names, and here the
     same sizes; a cache keyed by the URL alone served the bytes of the dataset before."""
