@@ -11,6 +11,7 @@ from the byte it reached; nothing waits forever.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from urllib.parse import urlparse
@@ -42,6 +43,16 @@ def _help(text: str, key: str) -> str:
     ``out.path`` (convert.py's output) -> out.storage_options."""
     group = str(key).split(".", 1)[0]
     return text.format(group=group, owner="output" if group == "out" else "source")
+
+
+def quiet_botocore() -> None:
+    """botocore logs at INFO where it found the credentials and the endpoint, once per client, so once per
+    process and DataLoader worker under Hydra's INFO root logger; those lines say nothing wrong. Raised to
+    WARNING unless the user set a level for them (``hydra.verbose=botocore`` still shows them)."""
+    for name in ("botocore.credentials", "botocore.configprovider"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def is_url(path) -> bool:
@@ -219,6 +230,7 @@ class S3Store:
             import boto3
             from botocore.config import Config
 
+            quiet_botocore()
             o = self.options
             session = boto3.session.Session(profile_name=o.get("profile_name"))
             config = Config(

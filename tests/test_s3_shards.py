@@ -409,6 +409,32 @@ def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group
         S3Store("s3://bucket/prefix", {"endpoint": "x"}, key)
 
 
+def test_a_client_from_the_environment_logs_nothing_at_info(monkeypatch, caplog):
+    """botocore's INFO lines (found credentials in environment variables, found endpoint) are not printed
+    by every process and worker of a run; a level the user set for them is left alone."""
+    import logging
+
+    from feedline.datasets.stores import S3Store
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    loggers = [logging.getLogger(name) for name in ("botocore.credentials", "botocore.configprovider")]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.NOTSET)
+        caplog.set_level(logging.INFO)
+        S3Store("s3://bucket/prefix").client()
+        assert not [r for r in caplog.records if r.name.startswith("botocore")], caplog.text
+        loggers[0].setLevel(logging.DEBUG)  # as hydra.verbose=botocore.credentials sets it
+        S3Store("s3://bucket/prefix").client()
+        assert "Found credentials in environment variables" in caplog.text
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_server, local_shards, tmp_path):
     """The same URL written again in another order (out.seed): the chunks have the same names, and here the
     same sizes; a cache keyed by the URL alone served the bytes of the dataset before."""
