@@ -305,4 +305,5 @@ class S3Store:
             text = f"{url}: {type(err).__name__}: {err}"
         out = StoreError(text)
         out.code = code
+        out.unreachable = isinstance(err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError)
         return out

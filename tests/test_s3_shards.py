@@ -154,7 +154,10 @@ def test_an_endpoint_stopped_mid_pass_is_named_and_leaves_no_partial_chunk(s3_se
     try:
         started = time.monotonic()
         with pytest.raises(
-            ChunkError, match=r"could not be fetched: .* cannot reach http://127.0.0.1:\d+ after"
+            ChunkError,
+            match=r"could not be fetched: .* cannot reach http://127.0.0.1:\d+ after.* went down since: once it "
+            r"answers again, resume from the run's checkpoints/last.ckpt \(ckpt_path=PATH, or ckpt_path=last in "
+            r"the same hydra.run.dir\)$",
         ):
             records.chunks.read(len(records) - 1)
         assert time.monotonic() - started < 60
