@@ -102,7 +102,7 @@ class CachedChunks(Chunks):
             )
         except StoreError as err:
             then = ""
-            if getattr(err, "unreachable", False):  # it answered when the run listed the dataset: it went down
+            if getattr(err, "unreachable", False):  # it answered when the run listed the dataset
                 then = (
                     "; it answered when this run listed the dataset, so it went down since: once it answers "
                     "again, resume from the run's checkpoints/last.ckpt (ckpt_path=PATH, or ckpt_path=last in the same "

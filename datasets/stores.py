@@ -300,10 +300,15 @@ class S3Store:
             isinstance(err, bx.InvalidEndpointDiscoveryConfigurationError | ValueError)
             and "endpoint" in str(err).lower()
         ):
-            text = f"{url}: invalid endpoint ({err}): {_help(ENDPOINT_HELP, self.key)}"
+            text = (
+                f"{url}: invalid endpoint ({err}): an endpoint is a URL with its scheme (https://host or "
+                f"http://host:port); {_help(ENDPOINT_HELP, self.key)}"
+            )
         else:
             text = f"{url}: {type(err).__name__}: {err}"
         out = StoreError(text)
         out.code = code
-        out.unreachable = isinstance(err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError)
+        out.unreachable = isinstance(
+            err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError
+        )
         return out

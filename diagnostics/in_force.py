@@ -15,7 +15,7 @@ REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or Random
 UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused shared memory
 FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
 ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files
-OBJECT_STORE = "object storage"  # shards read from a URL through the chunk cache: a local HDF5 is not the cure
+OBJECT_STORE = "object storage"  # shards from a URL, through the chunk cache: a local HDF5 is no cure
 EVERY_CPU = "every cpu"  # the loader already has a worker per CPU
 
 

@@ -395,7 +395,9 @@ def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch
     assert Out.data in (versions["v1"], versions["v2"]), Out.data
 
 
-@pytest.mark.parametrize("key, group", [("source.path", "source"), ("source.val_path", "source"), ("out.path", "out")])
+@pytest.mark.parametrize(
+    "key, group", [("source.path", "source"), ("source.val_path", "source"), ("out.path", "out")]
+)
 def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group):
     """convert.py's output (out.path) is set through out.storage_options, not source.storage_options."""
     from botocore import exceptions as bx
@@ -404,12 +406,34 @@ def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group
 
     store = S3Store("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:1"}, key)
     denied = bx.ClientError({"Error": {"Code": "SignatureDoesNotMatch"}}, "ListObjectsV2")
-    for err in (denied, bx.NoCredentialsError(), bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")):
+    for err in (
+        denied,
+        bx.NoCredentialsError(),
+        bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+    ):
         text = str(store._error(err, "index.json"))
         assert f"{group}.storage_options." in text, text
         assert ("source.storage_options" in text) is (group == "source"), text
     with pytest.raises(ValueError, match=rf"^{group}\.storage_options: unknown key"):
         S3Store("s3://bucket/prefix", {"endpoint": "x"}, key)
+
+
+def test_an_endpoint_without_its_scheme_is_told_to_add_one():
+    from feedline.datasets.stores import S3Store
+
+    store = S3Store(
+        "s3://bucket/prefix",
+        {
+            "endpoint_url": "127.0.0.1:9000",
+            "aws_access_key_id": "k",
+            "aws_secret_access_key": "s",
+            "region_name": "us-east-1",
+        },
+    )
+    with pytest.raises(
+        StoreError, match=r"invalid endpoint .* a URL with its scheme \(https://host or http://"
+    ):
+        store.listing("")
 
 
 def test_a_client_from_the_environment_logs_nothing_at_info(monkeypatch, caplog):

@@ -101,7 +101,10 @@ def test_shards_from_object_storage_are_not_told_to_convert_to_a_local_hdf5():
 
     def datamodule(path):
         return SimpleNamespace(
-            transforms=SimpleNamespace(train=None), reduced_decode=False, collate=None, source=ShardsSource(path=path)
+            transforms=SimpleNamespace(train=None),
+            reduced_decode=False,
+            collate=None,
+            source=ShardsSource(path=path),
         )
 
     assert OBJECT_STORE in in_force(datamodule("s3://bucket/train-shards"), 1, 2)
