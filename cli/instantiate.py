@@ -13,6 +13,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.datamodules.resume_checks import ResumeError
+from feedline.datasets.stores import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
         cause = err.__cause__
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        if isinstance(cause, (OSError, ValueError)) and _NAMES_A_KEY.search(str(cause)):
+        if isinstance(cause, (OSError, ValueError, StoreError)) and _NAMES_A_KEY.search(str(cause)):
             raise cause from None
         raise InstantiationException(
             f"could not build config key '{key}' (_target_: {target}): {err}"
@@ -68,7 +69,7 @@ def short_errors():
     alone, without the traceback above it, and exit 1. ``HYDRA_FULL_ERROR=1`` shows the traceback again."""
     try:
         yield
-    except (OSError, ValueError, TypeError, ResumeError) as err:
+    except (OSError, ValueError, TypeError, ResumeError, StoreError) as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _NAMES_A_KEY.search(str(err)):
             raise
         print(

@@ -101,7 +101,14 @@ class CachedChunks(Chunks):
                 self.names[c], int(self.nbytes[c]), offset, length, self.store.fetch(rel, etag)
             )
         except StoreError as err:
-            raise ChunkError(f"chunk {self.url(c)} could not be fetched: {err}") from None
+            then = ""
+            if getattr(err, "unreachable", False):  # it answered when the run listed the dataset
+                then = (
+                    "; it answered when this run listed the dataset, so it went down since: once it answers "
+                    "again, resume from the run's checkpoints/last.ckpt (ckpt_path=PATH, or ckpt_path=last in the same "
+                    "hydra.run.dir)"
+                )
+            raise ChunkError(f"chunk {self.url(c)} could not be fetched: {err}{then}") from None
 
     def _offsets_of(self, c: int) -> np.ndarray:
         if self._offsets_pid != os.getpid():

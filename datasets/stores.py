@@ -11,6 +11,7 @@ from the byte it reached; nothing waits forever.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -31,10 +32,27 @@ STORAGE_OPTIONS = (
 )
 MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
 CREDENTIALS_HELP = (
-    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this source's own "
-    "source.storage_options.aws_access_key_id / aws_secret_access_key / profile_name"
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this {owner}'s own "
+    "{group}.storage_options.aws_access_key_id / aws_secret_access_key / profile_name"
 )
-ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this source's own source.storage_options.endpoint_url"
+ENDPOINT_HELP = "set AWS_ENDPOINT_URL, or this {owner}'s own {group}.storage_options.endpoint_url"
+
+
+def _help(text: str, key: str) -> str:
+    """``text`` for the config group that ``key`` belongs to: ``source.path`` -> source.storage_options,
+    ``out.path`` (convert.py's output) -> out.storage_options."""
+    group = str(key).split(".", 1)[0]
+    return text.format(group=group, owner="output" if group == "out" else "source")
+
+
+def quiet_botocore() -> None:
+    """botocore logs at INFO where it found the credentials and the endpoint, once per client, so once per
+    process and DataLoader worker under Hydra's INFO root logger; those lines say nothing wrong. Raised to
+    WARNING unless the user set a level for them (``hydra.verbose=botocore`` still shows them)."""
+    for name in ("botocore.credentials", "botocore.configprovider"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def is_url(path) -> bool:
@@ -99,7 +117,7 @@ class S3Store:
         if scheme in OTHER_SCHEMES:
             raise ValueError(
                 f"{key}={url}: {scheme}:// is not read directly; Google Cloud Storage through its S3 API "
-                f"(s3://bucket/prefix with source.storage_options.endpoint_url=https://storage.googleapis.com "
+                f"(s3://bucket/prefix with {key.split('.', 1)[0]}.storage_options.endpoint_url=https://storage.googleapis.com "
                 f"and HMAC keys), other stores through an S3 gateway"
             )
         if scheme not in SCHEMES or not bucket:
@@ -240,6 +258,7 @@ class S3Store:
             import boto3
             from botocore.config import Config
 
+            quiet_botocore()
             o = self.options
             session = boto3.session.Session(profile_name=o.get("profile_name"))
             config = Config(
@@ -284,9 +303,9 @@ class S3Store:
                 code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403")
                 or status == "403"
             ):
-                text = f"{url}: {endpoint} refused the credentials ({code or status}): {CREDENTIALS_HELP}"
+                text = f"{url}: {endpoint} refused the credentials ({code or status}): {_help(CREDENTIALS_HELP, self.key)}"
             elif code == "NoSuchBucket":
-                text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {ENDPOINT_HELP}"
+                text = f"{url}: bucket {self.bucket!r} does not exist at {endpoint}: check {self.key}, or {_help(ENDPOINT_HELP, self.key)}"
             elif code in ("PreconditionFailed", "412") or status == "412":
                 text = (
                     f"{url} was replaced at {endpoint} after this run listed it: the dataset was written again "
@@ -297,21 +316,27 @@ class S3Store:
             else:
                 text = f"{url}: {endpoint} answered {code or status}: {err}"
         elif isinstance(err, bx.NoCredentialsError | bx.PartialCredentialsError):
-            text = f"{url}: no credentials found: {CREDENTIALS_HELP}"
+            text = f"{url}: no credentials found: {_help(CREDENTIALS_HELP, self.key)}"
         elif isinstance(err, bx.ProfileNotFound):
-            text = f"{url}: {err}: set source.storage_options.profile_name (or AWS_PROFILE) to a profile of ~/.aws/config"
+            text = f"{url}: {err}: set {self.key.split('.', 1)[0]}.storage_options.profile_name (or AWS_PROFILE) to a profile of ~/.aws/config"
         elif isinstance(err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
             text = (
                 f"{url}: cannot reach {endpoint} after {self._max_attempts()} attempts with backoff ({type(err).__name__}); "
-                f"is it up? The endpoint: {ENDPOINT_HELP}"
+                f"is it up? The endpoint: {_help(ENDPOINT_HELP, self.key)}"
             )
         elif (
             isinstance(err, bx.InvalidEndpointDiscoveryConfigurationError | ValueError)
             and "endpoint" in str(err).lower()
         ):
-            text = f"{url}: invalid endpoint ({err}): {ENDPOINT_HELP}"
+            text = (
+                f"{url}: invalid endpoint ({err}): an endpoint is a URL with its scheme (https://host or "
+                f"http://host:port); {_help(ENDPOINT_HELP, self.key)}"
+            )
         else:
             text = f"{url}: {type(err).__name__}: {err}"
         out = StoreError(text)
         out.code = code
+        out.unreachable = isinstance(
+            err, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError
+        )
         return out

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from torchvision.transforms import v2
 
+from feedline.datasets.stores import is_url
 from feedline.transforms.reduce import minimum_size
 
 REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or RandomResizedCrop first
 UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused shared memory
 FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
 ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files
+OBJECT_STORE = "object storage"  # shards from a URL, through the chunk cache: a local HDF5 is no cure
 EVERY_CPU = "every cpu"  # the loader already has a worker per CPU
 
 
@@ -29,6 +31,8 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
         found.add(FLOAT_ON_DEVICE)
     if type(datamodule.source).__name__ == "HDF5Source":
         found.add(ONE_FILE)
+    if type(datamodule.source).__name__ == "ShardsSource" and is_url(getattr(datamodule.source, "path", "")):
+        found.add(OBJECT_STORE)
     if workers >= cpus:
         found.add(EVERY_CPU)
     return found

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from feedline.diagnostics.in_force import EVERY_CPU, FLOAT_ON_DEVICE, ONE_FILE, REDUCED_DECODE, UINT8_BATCHES
+from feedline.diagnostics.in_force import (
+    EVERY_CPU,
+    FLOAT_ON_DEVICE,
+    OBJECT_STORE,
+    ONE_FILE,
+    REDUCED_DECODE,
+    UINT8_BATCHES,
+)
 from feedline.diagnostics.loader_bench import STAGE_NAMES
 
 
@@ -27,14 +34,16 @@ from feedline.diagnostics.loader_bench import STAGE_NAMES
 class Advice:
     """One thing to try. ``formats``: the payload formats it helps with (``loader_bench.payload_format``:
     jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out, and so is
-    advice with a ``moot_if`` name (``in_force``'s, or ``SWEPT`` / ``NO_WORKERS``) that holds for the run."""
+    advice with a ``moot_if`` name (``in_force``'s, or ``SWEPT`` / ``NO_WORKERS``) that holds for the run,
+    and advice with an ``only_if`` name that does not."""
 
     text: str
     formats: frozenset[str] | None = None
     moot_if: tuple[str, ...] = ()
+    only_if: tuple[str, ...] = ()
 
     def fits(self, measured: dict | None, done: set[str] = frozenset()) -> bool:
-        if any(name in done for name in self.moot_if):
+        if any(name in done for name in self.moot_if) or any(name not in done for name in self.only_if):
             return False
         return self.formats is None or not measured or bool(self.formats & set(measured))
 
@@ -50,10 +59,18 @@ SUGGEST = {
     "I/O-bound": [
         Advice(
             "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
-            moot_if=(ONE_FILE,),
+            moot_if=(ONE_FILE, OBJECT_STORE),
         ),
         Advice("shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256"),
-        Advice("put the data on local disk or in page cache; raise data.prefetch_factor to hide latency"),
+        Advice(
+            "from object storage: source.cache_dir on a local disk and source.cache_limit above the dataset's "
+            "size, so passes after the first read the node's cache (bench a second time to see that rate)",
+            only_if=(OBJECT_STORE,),
+        ),
+        Advice(
+            "put the data on local disk or in page cache; raise data.prefetch_factor to hide latency",
+            moot_if=(OBJECT_STORE,),
+        ),
     ],
     "decode-bound": [
         Advice(

@@ -437,3 +437,33 @@ def test_errors_naming_any_commands_key_print_alone(monkeypatch, capsys, message
     with pytest.raises(SystemExit if short else ValueError), short_errors():
         raise ValueError(message)
     assert (f"Error: {message}" in capsys.readouterr().err) is short
+
+
+def _refused_by_the_store():
+    from feedline.datasets.stores import StoreError
+
+    raise StoreError(
+        "s3://bucket/p/index.json: http://x refused the credentials (403): set AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this source's own source.storage_options.aws_access_key_id"
+    )
+
+
+def test_an_object_store_error_inside_a_nested_target_prints_alone(monkeypatch, capsys):
+    """A StoreError raised while building data -> source is the whole story: not a repr of nested
+    InstantiationExceptions with escaped quotes."""
+    from omegaconf import OmegaConf
+
+    from feedline.cli.instantiate import instantiate, short_errors
+    from feedline.datasets.stores import StoreError
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cfg = OmegaConf.create(
+        {"_target_": "builtins.dict", "source": {"_target_": "tests.test_faults._refused_by_the_store"}}
+    )
+    with pytest.raises(StoreError, match=r"^s3://bucket/p/index.json: http://x refused"):
+        instantiate(cfg, "data")
+    with pytest.raises(SystemExit), short_errors():
+        instantiate(cfg, "data")
+    err = capsys.readouterr().err
+    assert err.startswith("Error: s3://bucket/p/index.json: http://x refused the credentials (403)"), err
+    assert "InstantiationException" not in err and "\\'" not in err

@@ -155,7 +155,10 @@ def test_an_endpoint_stopped_mid_pass_is_named_and_leaves_no_partial_chunk(s3_se
     try:
         started = time.monotonic()
         with pytest.raises(
-            ChunkError, match=r"could not be fetched: .* cannot reach http://127.0.0.1:\d+ after"
+            ChunkError,
+            match=r"could not be fetched: .* cannot reach http://127.0.0.1:\d+ after.* went down since: once it "
+            r"answers again, resume from the run's checkpoints/last.ckpt \(ckpt_path=PATH, or ckpt_path=last in "
+            r"the same hydra.run.dir\)$",
         ):
             records.chunks.read(len(records) - 1)
         assert time.monotonic() - started < 60
@@ -391,6 +394,73 @@ def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch
     except StoreError:
         return  # refused: the chunk cache removes the download, the run names the chunk
     assert Out.data in (versions["v1"], versions["v2"]), Out.data
+
+
+@pytest.mark.parametrize(
+    "key, group", [("source.path", "source"), ("source.val_path", "source"), ("out.path", "out")]
+)
+def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group):
+    """convert.py's output (out.path) is set through out.storage_options, not source.storage_options."""
+    from botocore import exceptions as bx
+
+    from feedline.datasets.stores import S3Store
+
+    store = S3Store("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:1"}, key)
+    denied = bx.ClientError({"Error": {"Code": "SignatureDoesNotMatch"}}, "ListObjectsV2")
+    for err in (
+        denied,
+        bx.NoCredentialsError(),
+        bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+    ):
+        text = str(store._error(err, "index.json"))
+        assert f"{group}.storage_options." in text, text
+        assert ("source.storage_options" in text) is (group == "source"), text
+    with pytest.raises(ValueError, match=rf"^{group}\.storage_options: unknown key"):
+        S3Store("s3://bucket/prefix", {"endpoint": "x"}, key)
+
+
+def test_an_endpoint_without_its_scheme_is_told_to_add_one():
+    from feedline.datasets.stores import S3Store
+
+    store = S3Store(
+        "s3://bucket/prefix",
+        {
+            "endpoint_url": "127.0.0.1:9000",
+            "aws_access_key_id": "k",
+            "aws_secret_access_key": "s",
+            "region_name": "us-east-1",
+        },
+    )
+    with pytest.raises(
+        StoreError, match=r"invalid endpoint .* a URL with its scheme \(https://host or http://"
+    ):
+        store.listing("")
+
+
+def test_a_client_from_the_environment_logs_nothing_at_info(monkeypatch, caplog):
+    """botocore's INFO lines (found credentials in environment variables, found endpoint) are not printed
+    by every process and worker of a run; a level the user set for them is left alone."""
+    import logging
+
+    from feedline.datasets.stores import S3Store
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    loggers = [logging.getLogger(name) for name in ("botocore.credentials", "botocore.configprovider")]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.NOTSET)
+        caplog.set_level(logging.INFO)
+        S3Store("s3://bucket/prefix").client()
+        assert not [r for r in caplog.records if r.name.startswith("botocore")], caplog.text
+        loggers[0].setLevel(logging.DEBUG)  # as hydra.verbose=botocore.credentials sets it
+        S3Store("s3://bucket/prefix").client()
+        assert "Found credentials in environment variables" in caplog.text
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_server, local_shards, tmp_path):

@@ -90,6 +90,32 @@ def test_advice_already_in_force_is_never_given():
     assert not any("train.h5" in s for s in diagnose(io, 100, 1, 2, done={ONE_FILE})["suggestions"])
 
 
+def test_shards_from_object_storage_are_not_told_to_convert_to_a_local_hdf5():
+    """I/O-bound shards read from s3://: the advice is the node's chunk cache, not a local HDF5 or local disk."""
+    from types import SimpleNamespace
+
+    from feedline.diagnostics.in_force import OBJECT_STORE, in_force
+
+    class ShardsSource(SimpleNamespace):  # in_force reads the source's type name and path only
+        pass
+
+    def datamodule(path):
+        return SimpleNamespace(
+            transforms=SimpleNamespace(train=None),
+            reduced_decode=False,
+            collate=None,
+            source=ShardsSource(path=path),
+        )
+
+    assert OBJECT_STORE in in_force(datamodule("s3://bucket/train-shards"), 1, 2)
+    assert OBJECT_STORE not in in_force(datamodule("/data/train-shards"), 1, 2)
+    io = _breakdown(read=0.8, decode=0.1, transform=0.05, collate=0.05)
+    remote = diagnose(io, 100, 1, 2, done={OBJECT_STORE})["suggestions"]
+    assert not any("train.h5" in s or "put the data on local disk" in s for s in remote), remote
+    assert any("source.cache_limit" in s for s in remote), remote
+    assert not any("source.cache_limit" in s for s in diagnose(io, 100, 1, 2)["suggestions"])
+
+
 def test_bench_reads_what_the_pipeline_already_does(make_cfg, tmp_path):
     crop = (
         "transforms.train=[{_target_: feedline.transforms.crop.RandomResizedCrop, size: 8},"
