@@ -133,9 +133,9 @@ def test_a_decode_bound_png_tree_gets_no_jpeg_advice(make_cfg, tmp_path, monkeyp
 
     decode = samples.SampleDataset.decode
 
-    def slow_decode(self, payload):
+    def slow_decode(self, payload, part=None):
         CLOCK.advance(0.01)  # large PNGs: decoding is the cost
-        return decode(self, payload)
+        return decode(self, payload, part)
 
     monkeypatch.setattr(samples.SampleDataset, "decode", slow_decode)
     result = run(make_cfg, tmp_path, ext=".png")
