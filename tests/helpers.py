@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -92,3 +93,21 @@ def wds_tars(directory, tars: int = 2, per_tar: int = 6, classes: int = 3, label
             written.append({"tar": path, "key": key, "image": image, "label": c})
         write_tar(path, samples)
     return written
+
+
+def convert_cli(tmp_path, tree, *out: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python convert.py source=folder source.root=<tree> <out...>`` as a user runs it, in the checkout,
+    with its cache and run directory under ``tmp_path``; asserts it succeeded."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [
+        sys.executable,
+        "convert.py",
+        "source=folder",
+        f"source.root={tree}",
+        *out,
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'convert'}",
+    ]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

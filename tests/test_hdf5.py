@@ -21,7 +21,7 @@ from feedline.train import train
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.decode import decode
 from tests.conftest import FAST
-from tests.helpers import make_tree, simple_tree
+from tests.helpers import convert_cli, make_tree, simple_tree
 
 
 def _convert(make_cfg, tree, out, *overrides):
@@ -321,23 +321,8 @@ def test_bad_payload_in_a_file_is_a_bad_sample(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_convert_cli(tmp_path, tree):
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT_DIR
-
     out = tmp_path / "cli.h5"
-    cmd = [
-        sys.executable,
-        "convert.py",
-        "source=folder",
-        f"source.root={tree}",
-        f"out.path={out}",
-        f"paths.cache_dir={tmp_path / 'cache'}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    done = subprocess.run(cmd, cwd=ROOT_DIR, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = convert_cli(tmp_path, tree, f"out.path={out}", timeout=300)
     assert "converted 18 images" in done.stderr + done.stdout and out.exists()
 
 

@@ -27,7 +27,7 @@ from feedline.datasets.folder import FolderSource
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 from tests.conftest import ROOT_DIR
-from tests.helpers import simple_tree
+from tests.helpers import convert_cli, simple_tree
 
 
 # -- the sampler and the loader state, in process --------------------------------------------------------
@@ -399,17 +399,7 @@ def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> lis
             half.mkdir(exist_ok=True)
             shutil.copytree(Path(tree) / name, half / name)
         h5 = tmp_path / "extra.h5"
-        convert = [
-            sys.executable,
-            "convert.py",
-            "source=folder",
-            f"source.root={halves[1]}",
-            f"out.path={h5}",
-            f"paths.cache_dir={tmp_path / 'cache'}",
-            f"hydra.run.dir={tmp_path / 'convert'}",
-        ]
-        written = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
-        assert written.returncode == 0, written.stderr[-3000:]
+        convert_cli(tmp_path, halves[1], f"out.path={h5}")
         return [
             "source=mix",
             "+source/parts@source.parts.base=folder",
@@ -420,20 +410,10 @@ def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> lis
             f"source.parts.extra.source.val_fraction={val_fraction}",
         ]
     out = tmp_path / "shards"
-    convert = [
-        sys.executable,
-        "convert.py",
-        "source=folder",
-        f"source.root={tree}",
-        "out.format=shards",
-        f"out.path={out}",
-        "out.chunk_bytes=2KB",  # about four images a chunk
-        "out.workers=1",
-        f"paths.cache_dir={tmp_path / 'cache'}",
-        f"hydra.run.dir={tmp_path / 'convert'}",
-    ]
-    written = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
-    assert written.returncode == 0, written.stderr[-3000:]
+    # about four images a chunk
+    convert_cli(
+        tmp_path, tree, "out.format=shards", f"out.path={out}", "out.chunk_bytes=2KB", "out.workers=1"
+    )
     assert len(shard_chunks(out).files) >= 8
     return ["source=shards", f"source.path={out}", "source.window=1", f"source.val_fraction={val_fraction}"]
 
