@@ -238,3 +238,21 @@ def test_sweep_summary_lists_failed_jobs_and_ignores_sweeps_without_summaries(tm
     assert "| 1 |  | source=hdf5 | n/a | n/a |" in write_tables(tmp_path, rows)
     (tmp_path / "0" / "summary.json").unlink()
     assert collect(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_mix_under_ddp_sim_logs_each_parts_accuracy_without_lightnings_sync_warning(tmp_path):
+    """val/acc/<part> is summed over ranks before it is logged; logging it must not make Lightning warn, on
+    every rank, that an epoch-level value is not synced."""
+    done = run_cli(
+        "experiment=mix_demo",
+        "trainer=ddp_sim",
+        "trainer.max_epochs=1",
+        "source.epoch_size=64",
+        "data.num_workers=0",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert "sync_dist" not in done.stdout + done.stderr
+    metrics = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
+    assert {"val/acc/base", "val/acc/hard"} <= set(metrics)
