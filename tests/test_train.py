@@ -164,6 +164,8 @@ def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp
     # the train split's rows (every part's) are not what an epoch draws: the log line says both
     rows = summary["samples"]["train"]
     assert f"train split: {rows} samples in all parts; an epoch draws 2000 (source.epoch_size)" in caplog.text
+    # the merged classes, as class_map left them (the tree's cat, dog, eel became the digits' 0, 1, 2)
+    assert "source=mix classes (10): 0, 1, 2, 3, 4, 5, 6, 7, 8, 9" in caplog.text
     assert {"val/acc/base", "val/acc/hard"} <= set(summary["metrics"])
     with open(tmp_path / "out" / "summary.json") as f:
         assert json.load(f)["drawn_per_epoch"] == {"base": 1800, "hard": 200}
