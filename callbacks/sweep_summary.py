@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("feedline")
 
-COLUMNS = ("job", "source", "overrides", "val_acc", "samples_per_s", "drawn", "output_dir")
+COLUMNS = ("job", "source", "overrides", "val_acc", "samples_per_s", "drawn", "val_acc_by_part", "output_dir")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -45,6 +45,12 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "samples_per_s": summary.get("train_samples_per_s"),
                 # source=mix: what each part gave an epoch
                 "drawn": ", ".join(f"{k} {v}" for k, v in (summary.get("drawn_per_epoch") or {}).items()),
+                # source=mix: val/acc/<part>, what a sweep over the weights is for
+                "val_acc_by_part": ", ".join(
+                    f"{k[len('val/acc/'):]} {v:.4f}"
+                    for k, v in (summary.get("metrics") or {}).items()
+                    if k.startswith("val/acc/") and isinstance(v, (int, float))
+                ),
                 "output_dir": str(job_dir) if summary else f"{job_dir} (no summary.json: the job failed)",
             }
         )

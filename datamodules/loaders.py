@@ -198,7 +198,16 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         for split in _STAGES.get(stage or "fit", ("train", "val")):
             if split not in self.datasets:
                 self.datasets[split] = self._dataset(split)
-                log.info("%s split: %d samples", split, len(self.datasets[split]))
+                dataset = self.datasets[split]
+                epoch = getattr(dataset.records, "epoch_samples", None) if split == "train" else None
+                if callable(epoch) and getattr(dataset.records, "counts", None) is not None:
+                    # source=mix: the rows are the parts' train splits together; an epoch draws another number
+                    log.info(
+                        "%s split: %d samples in all parts; an epoch draws %d (source.epoch_size)",
+                        split, len(dataset), epoch(),
+                    )
+                else:
+                    log.info("%s split: %d samples", split, len(dataset))
 
     def _dataset(self, split: str) -> SampleDataset:
         if split == "predict":

@@ -16,6 +16,7 @@ one lookup (the part of a row) and maps the label. It pickles as its parts' reco
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,8 @@ import numpy as np
 from feedline.datasets.mix_order import mix_order, quotas
 from feedline.datasets.records import Source
 from feedline.datasets.splits import check_split
+
+log = logging.getLogger(__name__)
 
 PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
 
@@ -260,6 +263,14 @@ class MixSource(Source):
     def _classes(self):
         if self._merged is None:
             self._merged = merge_classes(self.parts)
+            names = self._merged[0]
+            # the merged classes are the model's outputs: say them once, as class_map and label left them
+            log.info(
+                "source=mix classes (%d): %s%s",
+                len(names),
+                ", ".join(names[:30]),
+                f", ... ({len(names) - 30} more)" if len(names) > 30 else "",
+            )
         return self._merged
 
     @property

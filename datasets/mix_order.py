@@ -36,10 +36,16 @@ def quotas(
     weighted = [k for k, s in enumerate(samples) if s is None]
     total = int(epoch_size) if epoch_size is not None else fixed + sum(int(sizes[k]) for k in weighted)
     share = total - fixed
-    if share < 0 or (share > 0 and not weighted):
+    if share < 0:
         raise ValueError(
             f"source.epoch_size={epoch_size} does not match the parts' fixed counts (samples: {fixed} in all): "
             f"set it to at least that, or to null"
+        )
+    if share > 0 and not weighted:
+        raise ValueError(
+            f"source.epoch_size={epoch_size} does not match the parts' fixed counts (samples: {fixed} in all), "
+            f"and no part has a weight to fill the other {share}: set source.epoch_size={fixed} or null, or "
+            f"give a part a weight instead of samples"
         )
     out = np.array([int(s) if s is not None else 0 for s in samples], dtype=np.int64)
     if weighted:

@@ -94,9 +94,9 @@ class ImageClassifier(L.LightningModule):
         tally = self.trainer.strategy.reduce(self._part_tally(len(names)).clone(), reduce_op="sum")
         for k, name in enumerate(names):
             if tally[k, 1] > 0:
-                self.log(
-                    f"val/acc/{name}", float(tally[k, 0] / tally[k, 1]), sync_dist=False, rank_zero_only=False
-                )
+                # already summed over ranks: sync_dist only averages equal values, and keeps Lightning from
+                # warning on every rank that an epoch-level value is not synced
+                self.log(f"val/acc/{name}", float(tally[k, 0] / tally[k, 1]), sync_dist=True)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(

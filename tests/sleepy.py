@@ -74,3 +74,27 @@ class SlowNet(torch.nn.Module):
     def forward(self, x):
         CLOCK.advance(self.seconds)
         return self.head(x.flatten(1))
+
+
+class FirstReadRecords(SleepyRecords):
+    """Records whose first read in the process takes ``delay`` (opening a file, a first call), and no
+    other; shared by every part built on them, as a cache file two parts map is."""
+
+    opened = False
+
+    def __getitem__(self, i: int):
+        if not FirstReadRecords.opened:
+            FirstReadRecords.opened = True
+            CLOCK.advance(self.delay)
+        return self.records[i]
+
+
+class FirstReadFolderSource(FolderSource):
+    """``folder`` whose first read in the process, of any part built on it, takes ``delay`` seconds."""
+
+    def __init__(self, *args, delay: float = 0.5, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay = delay
+
+    def split(self, name: str):
+        return FirstReadRecords(super().split(name), self.delay)

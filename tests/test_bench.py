@@ -394,3 +394,32 @@ def test_a_mix_reports_each_parts_cost_and_names_the_slow_part(make_cfg, tmp_pat
     assert parts["by_part"]["local"]["per_sample_s"]["read"] == pytest.approx(0.0)
     assert sum(row["items"] for row in parts["by_part"].values()) == result["breakdown"]["items"]
     assert any("part 'remote' of the mix is the bottleneck" in r for r in result["verdict"]["reasons"])
+
+
+def test_a_one_time_first_read_is_not_charged_to_the_part_that_happens_to_be_read_first(make_cfg, tmp_path):
+    """Two parts of the same data cost the same: a one-time cost of the process's first read (in bench.py the
+    loader's workers read in other processes, so the breakdown's is the first) must not make whichever part
+    the sample reads first the bottleneck."""
+    from hydra.utils import instantiate
+
+    from feedline.diagnostics.loader_bench import stage_breakdown
+    from tests.sleepy import FirstReadRecords
+
+    tree = simple_tree(tmp_path / "tree", per_class=10)
+    parts = []
+    for name in ("a", "b"):
+        parts += [
+            f"+source/parts@source.parts.{name}=folder",
+            f"source.parts.{name}.source.root={tree}",
+            f"source.parts.{name}.source._target_=tests.sleepy.FirstReadFolderSource",
+            f"+source.parts.{name}.source.delay=0.5",
+        ]
+    quick = [o for o in QUICK if not o.startswith("bench.")]
+    datamodule = instantiate(make_cfg("source=mix", *parts, *quick, SLEEP).data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    dataset = datamodule.datasets["train"]
+    FirstReadRecords.opened = False
+    found = stage_breakdown(dataset, datamodule.collate, list(range(len(dataset))), batch_size=4)["parts"]
+    assert found["slowest"] is None
+    assert found["by_part"]["a"]["per_sample_s"]["read"] == found["by_part"]["b"]["per_sample_s"]["read"] == 0

@@ -238,3 +238,38 @@ def test_sweep_summary_lists_failed_jobs_and_ignores_sweeps_without_summaries(tm
     assert "| 1 |  | source=hdf5 | n/a | n/a |" in write_tables(tmp_path, rows)
     (tmp_path / "0" / "summary.json").unlink()
     assert collect(tmp_path) == []
+
+
+def test_sweep_summary_has_each_parts_val_accuracy_for_a_mix(tmp_path):
+    from feedline.callbacks.sweep_summary import collect, write_tables
+
+    (tmp_path / "0").mkdir()
+    summary = {
+        "val_acc": 0.6,
+        "metrics": {"val/acc": 0.6, "val/acc/base": 0.7, "val/acc/hard": 0.25, "val/loss": 1.0},
+        "drawn_per_epoch": {"base": 1800, "hard": 200},
+        "choices": {"source": "mix"},
+        "overrides": ["source.parts.hard.weight=0.1"],
+    }
+    (tmp_path / "0" / "summary.json").write_text(json.dumps(summary))
+    rows = collect(tmp_path)
+    assert rows[0]["val_acc_by_part"] == "base 0.7000, hard 0.2500"
+    assert "| base 1800, hard 200 | base 0.7000, hard 0.2500 |" in write_tables(tmp_path, rows)
+
+
+@pytest.mark.slow
+def test_a_mix_under_ddp_sim_logs_each_parts_accuracy_without_lightnings_sync_warning(tmp_path):
+    """val/acc/<part> is summed over ranks before it is logged; logging it must not make Lightning warn, on
+    every rank, that an epoch-level value is not synced."""
+    done = run_cli(
+        "experiment=mix_demo",
+        "trainer=ddp_sim",
+        "trainer.max_epochs=1",
+        "source.epoch_size=64",
+        "data.num_workers=0",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert "sync_dist" not in done.stdout + done.stderr
+    metrics = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
+    assert {"val/acc/base", "val/acc/hard"} <= set(metrics)

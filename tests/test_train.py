@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -142,7 +143,7 @@ def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exis
     assert not [w for w in seen if "exists and is not empty" in str(w.message)]
 
 
-def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp_path):
+def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp_path, caplog):
     """experiment=mix_demo with a part swapped for a folder from the command line: the summary holds what
     each part gave an epoch, and validation the accuracy of each part besides the whole."""
     cfg = make_cfg(
@@ -157,8 +158,14 @@ def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp
         "source.parts.hard.source.val_fraction=0.5",
         "source.parts.hard.class_map={cat: '0', dog: '1', eel: '2'}",
     )
-    summary = train(cfg)
+    with caplog.at_level(logging.INFO, logger="feedline"):
+        summary = train(cfg)
     assert summary["drawn_per_epoch"] == {"base": 1800, "hard": 200}
+    # the train split's rows (every part's) are not what an epoch draws: the log line says both
+    rows = summary["samples"]["train"]
+    assert f"train split: {rows} samples in all parts; an epoch draws 2000 (source.epoch_size)" in caplog.text
+    # the merged classes, as class_map left them (the tree's cat, dog, eel became the digits' 0, 1, 2)
+    assert "source=mix classes (10): 0, 1, 2, 3, 4, 5, 6, 7, 8, 9" in caplog.text
     assert {"val/acc/base", "val/acc/hard"} <= set(summary["metrics"])
     with open(tmp_path / "out" / "summary.json") as f:
         assert json.load(f)["drawn_per_epoch"] == {"base": 1800, "hard": 200}
