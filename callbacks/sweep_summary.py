@@ -47,7 +47,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "drawn": ", ".join(f"{k} {v}" for k, v in (summary.get("drawn_per_epoch") or {}).items()),
                 # source=mix: val/acc/<part>, what a sweep over the weights is for
                 "val_acc_by_part": ", ".join(
-                    f"{k[len('val/acc/'):]} {v:.4f}"
+                    f"{k[len('val/acc/') :]} {v:.4f}"
                     for k, v in (summary.get("metrics") or {}).items()
                     if k.startswith("val/acc/") and isinstance(v, (int, float))
                 ),

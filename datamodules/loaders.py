@@ -204,7 +204,9 @@ class ImageLoaders(TrainLoader, DeviceBatch):
                     # source=mix: the rows are the parts' train splits together; an epoch draws another number
                     log.info(
                         "%s split: %d samples in all parts; an epoch draws %d (source.epoch_size)",
-                        split, len(dataset), epoch(),
+                        split,
+                        len(dataset),
+                        epoch(),
                     )
                 else:
                     log.info("%s split: %d samples", split, len(dataset))

@@ -48,7 +48,9 @@ def test_quotas_follow_the_weights_exactly_and_fixed_counts_as_given():
     with pytest.raises(ValueError, match=r"source.epoch_size=40 does not match the parts' fixed counts"):
         quotas([100, 7], [1.0, None], [None, 50], 40)
     # every part a fixed count: a larger epoch has nothing to fill it, and "at least that" would not do
-    with pytest.raises(ValueError, match=r"no part has a weight to fill the other 120: set source.epoch_size=80"):
+    with pytest.raises(
+        ValueError, match=r"no part has a weight to fill the other 120: set source.epoch_size=80"
+    ):
         quotas([100, 7], [None, None], [30, 50], 200)
 
 
