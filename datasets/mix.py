@@ -16,6 +16,7 @@ one lookup (the part of a row) and maps the label. It pickles as its parts' reco
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,16 @@ from feedline.datasets.records import Source
 from feedline.datasets.splits import check_split
 
 PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
+
+
+def _count(value) -> bool:
+    """A whole number (an int, or a float like 10.0; not a bool, a string, inf or nan)."""
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and int(value) == value
+    )
 
 
 def _named(err: Exception, name: str) -> Exception:
@@ -83,12 +94,12 @@ class Part:
         weight, samples = spec.get("weight"), spec.get("samples")
         if weight is not None and samples is not None:
             raise ValueError(f"{key}: give a weight or samples (a count per epoch), not both")
-        if samples is not None and (isinstance(samples, bool) or int(samples) != samples or samples < 1):
+        if samples is not None and (not _count(samples) or samples < 1):
             raise ValueError(f"{key}.samples={samples!r}: a count of samples per epoch, at least 1")
         if weight is None and samples is None:
             weight = 1.0
         if weight is not None and not (
-            isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0
+            isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
         ):
             raise ValueError(f"{key}.weight={weight!r}: a number above 0")
         self.weight = float(weight) if weight is not None else None
@@ -246,7 +257,7 @@ class MixSource(Source):
                 "source.parts.base.source.root=/data/base"
             )
         if epoch_size is not None and (
-            isinstance(epoch_size, bool) or int(epoch_size) != epoch_size or epoch_size < 1
+            not _count(epoch_size) or epoch_size < 1
         ):
             raise ValueError(f"source.epoch_size={epoch_size!r}: a number of samples, at least 1, or null")
         self.parts = [Part(name, spec) for name, spec in parts.items()]

@@ -44,6 +44,7 @@ def quotas(
     out = np.array([int(s) if s is not None else 0 for s in samples], dtype=np.int64)
     if weighted:
         w = np.array([float(weights[k]) for k in weighted], dtype=np.float64)
+        w = w / w.max()  # shares of the largest: weights of 1e308 cannot overflow the sum
         exact = share * w / w.sum()
         counts = np.floor(exact).astype(np.int64)
         left = share - int(counts.sum())

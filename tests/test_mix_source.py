@@ -245,3 +245,26 @@ def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_
         assert torch.equal(image, want_image) and torch.equal(label, want_label)
     with pytest.raises(ResumeError, match=r"train order \(.*a mix: its parts.*\)"):
         loader(0.5).load_state_dict(state)
+
+
+# -- adversarial pass (attack31) -----------------------------------------------------------------------
+def test_huge_or_infinite_weights_are_refused_or_shared_exactly(tmp_path):
+    """An infinite weight made every count NaN, cast to -2**63; two weights of 1e308 overflowed the sum."""
+    assert quotas([10, 10], [1e308, 1e308], [None, None], 100).tolist() == [50, 50]
+    assert quotas([10, 10], [1e300, 1e-300], [None, None], 100).tolist() == [100, 0]
+    with pytest.raises(ValueError, match=r"source.parts.extra.weight=inf: a number above 0"):
+        mix(tmp_path, extra={"weight": float("inf")})
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "said"),
+    [
+        ({"samples": "abc", "weight": None}, {}, r"source.parts.extra.samples='abc'"),
+        ({"samples": float("inf"), "weight": None}, {}, r"source.parts.extra.samples=inf"),
+        ({}, {"epoch_size": "abc"}, r"source.epoch_size='abc'"),
+        ({}, {"epoch_size": float("inf")}, r"source.epoch_size=inf"),
+    ],
+)
+def test_counts_that_are_not_numbers_are_refused_by_key(tmp_path, spec, kwargs, said):
+    with pytest.raises(ValueError, match=said):
+        mix(tmp_path, extra=spec, **kwargs)
