@@ -44,7 +44,8 @@ def _named(err: Exception, name: str) -> Exception:
     """``err`` naming the part: its config keys spelled in full (``source.root`` is
     ``source.parts.<name>.source.root`` here), else the part's key in front; the same type where it takes a
     message alone."""
-    text = re.sub(r"(?<![\w.])source\.", f"source.parts.{name}.source.", str(err))
+    # a key, not a path's "source." (/data/source.v2, s3://bucket/source.tar)
+    text = re.sub(r"(?<![\w./\\'~-])source\.", f"source.parts.{name}.source.", str(err))
     if text == str(err):
         text = f"source.parts.{name}: {err}"
     try:
@@ -104,8 +105,17 @@ class Part:
             raise ValueError(f"{key}.weight={weight!r}: a number above 0")
         self.weight = float(weight) if weight is not None else None
         self.samples = int(samples) if samples is not None else None
-        self.class_map = {str(k): str(v) for k, v in (spec.get("class_map") or {}).items()}
-        self.label = str(spec["label"]) if spec.get("label") is not None else None
+        class_map = spec.get("class_map") or {}
+        if not isinstance(class_map, Mapping):
+            raise ValueError(f"{key}.class_map: a mapping {{its class: the mix's class}}, not {class_map!r}")
+        for k, v in class_map.items():
+            if v is None or str(v) == "":
+                raise ValueError(f"{key}.class_map: {k} maps to {v!r}; map it to a class name")
+        self.class_map = {str(k): str(v) for k, v in class_map.items()}
+        label = spec.get("label")
+        if label is not None and str(label) == "":
+            raise ValueError(f"{key}.label='': a class name for every sample of the part, or null")
+        self.label = str(label) if label is not None else None
         if self.label is not None and self.class_map:
             raise ValueError(f"{key}: give class_map or label (one class for every sample), not both")
         transforms = spec.get("transforms")

@@ -268,3 +268,25 @@ def test_huge_or_infinite_weights_are_refused_or_shared_exactly(tmp_path):
 def test_counts_that_are_not_numbers_are_refused_by_key(tmp_path, spec, kwargs, said):
     with pytest.raises(ValueError, match=said):
         mix(tmp_path, extra=spec, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"class_map": {"cat": None}}, r"source.parts.extra.class_map: cat maps to None"),
+        ({"class_map": ["cat"]}, r"source.parts.extra.class_map: a mapping"),
+        ({"label": ""}, r"source.parts.extra.label=''"),
+    ],
+)
+def test_a_class_map_or_label_that_names_no_class_is_refused_by_key(tmp_path, spec, said):
+    """class_map={cat: null} used to make a class named "None"; a list crashed with an AttributeError."""
+    with pytest.raises(ValueError, match=said):
+        _ = mix(tmp_path, extra=spec).classes
+
+
+def test_an_error_naming_a_path_keeps_the_path(tmp_path):
+    """Only config keys are spelled in full: a root like /data/source.v2 is not rewritten."""
+    broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "source.v2")}
+    with pytest.raises(FileNotFoundError) as err:
+        MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
+    assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(err.value)
