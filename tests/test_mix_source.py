@@ -290,3 +290,20 @@ def test_an_error_naming_a_path_keeps_the_path(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
     assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(err.value)
+
+
+def test_the_bench_breakdown_samples_a_mix_by_its_draw_not_by_its_rows(tmp_path):
+    """A small part of half the epoch is half the items bench times (it used to be sampled by rows: 12 of 312,
+    so a slow small part was all but missed), and a part the epoch never draws is not timed."""
+    from feedline.bench import breakdown_indices
+
+    parts = {
+        "big": {"source": folder(tmp_path, "big", per_class=100), "weight": 1},
+        "small": {"source": folder(tmp_path, "small", per_class=4), "weight": 1},
+        "never": {"source": folder(tmp_path, "never", per_class=4), "weight": 1e-9},
+    }
+    data = loaders(MixSource(parts, epoch_size=200))
+    data.setup("fit")
+    train = data.datasets["train"]
+    got = collections.Counter(parts_of(train.records, breakdown_indices(train, 0, 100)).tolist())
+    assert got[2] == 0 and 35 <= got[1] <= 65, got
