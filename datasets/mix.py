@@ -16,6 +16,7 @@ one lookup (the part of a row) and maps the label. It pickles as its parts' reco
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ import numpy as np
 from feedline.datasets.mix_order import mix_order, quotas
 from feedline.datasets.records import Source
 from feedline.datasets.splits import check_split
+
+log = logging.getLogger(__name__)
 
 PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
 
@@ -331,6 +334,15 @@ class MixSource(Source):
                     raise
                 errors.append(str(err))  # a part without a test split: the others' still count
                 continue
+            share = getattr(part.source, f"{name}_fraction", 0)
+            if share and not len(records[-1]):  # as the datamodule says of a source alone
+                message = (
+                    f"{part.key}.source.{name}_fraction={share} holds out no sample: each class's share rounds "
+                    f"to 0, or would take its last training sample; raise it, or add samples"
+                )
+                if name == "test":
+                    raise ValueError(f"the test split of {part.key} is empty: {message}")
+                log.warning("the val split of %s is empty: %s", part.key, message)
             names.append(part.name)
             kept.append(mapping)
         if not records:

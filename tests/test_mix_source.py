@@ -307,3 +307,12 @@ def test_the_bench_breakdown_samples_a_mix_by_its_draw_not_by_its_rows(tmp_path)
     train = data.datasets["train"]
     got = collections.Counter(parts_of(train.records, breakdown_indices(train, 0, 100)).tolist())
     assert got[2] == 0 and 35 <= got[1] <= 65, got
+
+
+def test_a_parts_test_fraction_that_holds_out_nothing_is_refused_by_key(tmp_path):
+    """Alone, such a source's trainer.test is refused; in a mix it gave an empty test split, silently."""
+    tiny = FolderSource(simple_tree(tmp_path / "tiny", per_class=4), test_fraction=0.05, cache_dir=tmp_path / "c")
+    source = MixSource({"base": {"source": folder(tmp_path, "a")}, "tiny": {"source": tiny}})
+    source.prepare()
+    with pytest.raises(ValueError, match=r"source.parts.tiny.source.test_fraction=0.05 holds out no sample"):
+        source.split("test")
