@@ -291,8 +291,8 @@ class MixSource(Source):
         return self._classes()[0]
 
     def part_transforms(self) -> dict[int, Any]:
-        """Each part's own per-sample train stack (a list of transforms), where it has one."""
-        return {k: p.transforms for k, p in enumerate(self.parts) if p.transforms}
+        """Each part's own per-sample train stack (a list of transforms), where it has one ([]: none)."""
+        return {k: p.transforms for k, p in enumerate(self.parts) if p.transforms is not None}
 
     def prepare(self) -> None:
         for part in self.parts:

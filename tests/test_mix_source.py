@@ -316,3 +316,15 @@ def test_a_parts_test_fraction_that_holds_out_nothing_is_refused_by_key(tmp_path
     source.prepare()
     with pytest.raises(ValueError, match=r"source.parts.tiny.source.test_fraction=0.05 holds out no sample"):
         source.split("test")
+
+
+def test_a_part_with_an_empty_stack_of_its_own_is_not_given_the_runs(tmp_path):
+    """transforms: [] is a stack of its own (no augmentation: images already at the run's size), not "use
+    transforms.train": the run's RandomInvert was applied to it."""
+    data = loaders(mix(tmp_path, extra={"transforms": []}))
+    data.transforms.train = v2.Compose([v2.Resize((8, 8), antialias=True), v2.RandomInvert(p=1.0)])
+    data.setup("fit")
+    train = data.datasets["train"]
+    extra_row = int(train.records.offsets[1])
+    image, _ = train[extra_row]
+    assert torch.equal(image, train.decode(train.records[extra_row][0], 1))
