@@ -43,14 +43,17 @@ def _count(value) -> bool:
     )
 
 
-def _named(err: Exception, name: str) -> Exception:
+def _named(err: Exception, name: str, what: str = "source") -> Exception:
     """``err`` naming the part: its config keys spelled in full (``source.root`` is
     ``source.parts.<name>.source.root`` here), else the part's key in front; the same type where it takes a
     message alone."""
     # a key, not a path's "source." (/data/source.v2, s3://bucket/source.tar)
-    text = re.sub(r"(?<![\w./\\'~-])source\.", f"source.parts.{name}.source.", str(err))
-    if text == str(err):
-        text = f"source.parts.{name}: {err}"
+    if what == "source":
+        text = re.sub(r"(?<![\w./\\'~-])source\.", f"source.parts.{name}.source.", str(err))
+        if text == str(err):
+            text = f"source.parts.{name}: {err}"
+    else:  # a part's transforms: their key in front
+        text = f"source.parts.{name}.{what}: {err}"
     try:
         out = type(err)(text)
     except Exception:  # an exception type with another signature
@@ -70,9 +73,9 @@ def _build(config: Mapping, name: str, what: str):
         cause = err
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        raise _named(cause, name) from None
+        raise _named(cause, name, what) from None
     except Exception as err:
-        raise _named(err, name) from None
+        raise _named(err, name, what) from None
 
 
 class Part:

@@ -328,3 +328,9 @@ def test_a_part_with_an_empty_stack_of_its_own_is_not_given_the_runs(tmp_path):
     extra_row = int(train.records.offsets[1])
     image, _ = train[extra_row]
     assert torch.equal(image, train.decode(train.records[extra_row][0], 1))
+
+
+def test_a_part_transform_that_fails_to_build_is_named_by_its_key(tmp_path):
+    bad = [{"_target_": "torchvision.transforms.v2.Resize", "bogus": 1}]
+    with pytest.raises(TypeError, match=r"^source.parts.extra.transforms: .*bogus"):
+        mix(tmp_path, extra={"transforms": bad})
