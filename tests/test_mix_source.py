@@ -223,8 +223,8 @@ def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(t
 
 def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_name(tmp_path):
     """Mid-epoch: the rest of the epoch's draw, batch for batch. Another weight is another draw, whose rest
-    would repeat some samples and miss others: refused like a changed seed (data.resume=lenient restarts the
-    epoch with the new mixture)."""
+    would repeat some samples and miss others: refused like a changed seed (data.resume=lenient warns and goes
+    on in the new mixture's draw)."""
     from feedline.datamodules.resume_checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
