@@ -36,7 +36,12 @@ def quotas(
     weighted = [k for k, s in enumerate(samples) if s is None]
     total = int(epoch_size) if epoch_size is not None else fixed + sum(int(sizes[k]) for k in weighted)
     share = total - fixed
-    if share < 0 or (share > 0 and not weighted):
+    if share > 0 and not weighted:
+        raise ValueError(
+            f"source.epoch_size={epoch_size} cannot be filled: every part has a fixed count (samples), so an "
+            f"epoch is exactly {fixed}; set it to that, or to null, or give a part a weight instead"
+        )
+    if share < 0:
         raise ValueError(
             f"source.epoch_size={epoch_size} does not match the parts' fixed counts (samples: {fixed} in all): "
             f"set it to at least that, or to null"

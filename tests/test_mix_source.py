@@ -334,3 +334,10 @@ def test_a_part_transform_that_fails_to_build_is_named_by_its_key(tmp_path):
     bad = [{"_target_": "torchvision.transforms.v2.Resize", "bogus": 1}]
     with pytest.raises(TypeError, match=r"^source.parts.extra.transforms: .*bogus"):
         mix(tmp_path, extra={"transforms": bad})
+
+
+def test_an_epoch_size_that_fixed_counts_alone_cannot_fill_says_so():
+    """Every part with samples: the epoch is their sum exactly; "at least that" sent the user round in circles."""
+    with pytest.raises(ValueError, match=r"source.epoch_size=150 .*every part has a fixed count.*exactly 100"):
+        quotas([100, 7], [None, None], [60, 40], 150)
+    assert quotas([100, 7], [None, None], [60, 40], 100).tolist() == [60, 40]
