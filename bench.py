@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
+from feedline.datamodules.train_loader import epoch_samples
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
 from feedline.diagnostics.drawing import draw_bench
@@ -89,7 +90,7 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     check_warmup(datamodule.train_dataloader(), options.warmup)  # before the breakdown: it takes a while
     sweep_mode = options.workers == SWEEP
     if sweep_mode:
-        check_sweep_size(len(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
+        check_sweep_size(epoch_samples(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
     if options.workers is not None and not sweep_mode:
         datamodule.num_workers = workers = options.workers
     indices = breakdown_indices(dataset, cfg.seed, options.sample_items)

@@ -341,3 +341,28 @@ def test_an_epoch_size_that_fixed_counts_alone_cannot_fill_says_so():
     with pytest.raises(ValueError, match=r"source.epoch_size=150 .*every part has a fixed count.*exactly 100"):
         quotas([100, 7], [None, None], [60, 40], 150)
     assert quotas([100, 7], [None, None], [60, 40], 100).tolist() == [60, 40]
+
+
+def test_bench_sweep_checks_a_mix_by_its_epoch_not_its_rows(make_cfg, tmp_path, fake_clock):
+    """The sweep's epochs are epoch_size samples: 60 rows passed the check while each epoch gave 8."""
+    from feedline.bench import bench
+
+    trees = [simple_tree(tmp_path / name, per_class=10) for name in ("a", "b")]
+    cfg = make_cfg(
+        "source=mix",
+        "+source/parts@source.parts.a=folder",
+        f"source.parts.a.source.root={trees[0]}",
+        "+source/parts@source.parts.b=folder",
+        f"source.parts.b.source.root={trees[1]}",
+        "source.epoch_size=8",
+        "bench.workers=sweep",
+        "bench.sweep_batches=2",
+        "bench.warmup=1",
+        "data.batch_size=2",
+        "data.num_workers=0",
+        "transforms=none",
+        f"bench.json_path={tmp_path / 'bench.json'}",
+        config="bench",
+    )
+    with pytest.raises(ValueError, match=r"bench.workers=sweep needs at least .* this train split has 8"):
+        bench(cfg, show=False)
