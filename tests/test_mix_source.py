@@ -366,3 +366,20 @@ def test_bench_sweep_checks_a_mix_by_its_epoch_not_its_rows(make_cfg, tmp_path, 
     )
     with pytest.raises(ValueError, match=r"bench.workers=sweep needs at least .* this train split has 8"):
         bench(cfg, show=False)
+
+
+@pytest.mark.parametrize(("size", "quota"), [(1000, 800), (10, 4), (7, 5), (9, 8), (12, 5), (6, 6)])
+def test_an_epoch_that_straddles_two_passes_takes_no_sample_twice(size, quota):
+    """A part of 1,000 read 800 an epoch took ~120 samples twice in epochs 1-3 (the end of one pass and the
+    start of a fresh permutation); each pass is still a permutation, so every sample comes before any twice."""
+    order = lambda seed, k: np.random.default_rng([seed, k]).permutation(size)  # noqa: E731
+    epochs = 40 if size < 100 else 6
+    counts = np.array([quota])
+    taken = [mix_order([order], [size], [0], counts, 3, e) for e in range(epochs)]
+    for e, rows in enumerate(taken):
+        assert len(set(rows.tolist())) == quota, f"epoch {e}: {quota - len(set(rows.tolist()))} twice"
+    run = np.concatenate(taken)
+    for k in range(len(run) // size):  # each pass a permutation
+        assert sorted(run[k * size : (k + 1) * size].tolist()) == list(range(size))
+    again = [mix_order([order], [size], [0], counts, 3, e) for e in reversed(range(epochs))][::-1]
+    assert all(np.array_equal(a, b) for a, b in zip(taken, again))  # a pure function of the epoch
