@@ -106,7 +106,10 @@ class Part:
         if weight is None and samples is None:
             weight = 1.0
         if weight is not None and not (
-            isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
+            isinstance(weight, (int, float))
+            and not isinstance(weight, bool)
+            and math.isfinite(weight)
+            and weight > 0
         ):
             raise ValueError(f"{key}.weight={weight!r}: a number above 0")
         self.weight = float(weight) if weight is not None else None
@@ -247,7 +250,8 @@ class MixRecords:
 
     def order_identity(self) -> str:
         """What the draw depends on besides (seed, epoch): the parts, their sizes, counts and own orders."""
-        h = hashlib.blake2b(digest_size=6)
+        rule = b"passes adjusted at epochs that straddle them\n"  # the draw's rule (mix_order.adjusted_pass)
+        h = hashlib.blake2b(rule, digest_size=6)
         for name, records, count in zip(self.names, self.records, self.counts):
             own = getattr(records, "order_identity", None)
             h.update(f"{name}\n{len(records)}\n{int(count)}\n{own() if callable(own) else ''}\n".encode())
@@ -272,9 +276,7 @@ class MixSource(Source):
                 "source.parts is empty: add parts, e.g. +source/parts@source.parts.base=folder "
                 "source.parts.base.source.root=/data/base"
             )
-        if epoch_size is not None and (
-            not _count(epoch_size) or epoch_size < 1
-        ):
+        if epoch_size is not None and (not _count(epoch_size) or epoch_size < 1):
             raise ValueError(f"source.epoch_size={epoch_size!r}: a number of samples, at least 1, or null")
         self.parts = [Part(name, spec) for name, spec in parts.items()]
         self.epoch_size = int(epoch_size) if epoch_size is not None else None

@@ -59,7 +59,8 @@ def quotas(
     return out
 
 
-CHAIN = 32  # passes one pass's adjustment may look back (``adjusted_pass``; more for a small part: 2**20 rows)
+# passes one pass's adjustment may look back (``adjusted_pass``; more for a small part: 2**20 rows)
+CHAIN = 32
 
 
 def _avoid(own: np.ndarray, taken: np.ndarray, head: int) -> np.ndarray:

@@ -289,7 +289,9 @@ def test_an_error_naming_a_path_keeps_the_path(tmp_path):
     broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "source.v2")}
     with pytest.raises(FileNotFoundError) as err:
         MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
-    assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(err.value)
+    assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(
+        err.value
+    )
 
 
 def test_the_bench_breakdown_samples_a_mix_by_its_draw_not_by_its_rows(tmp_path):
@@ -311,7 +313,9 @@ def test_the_bench_breakdown_samples_a_mix_by_its_draw_not_by_its_rows(tmp_path)
 
 def test_a_parts_test_fraction_that_holds_out_nothing_is_refused_by_key(tmp_path):
     """Alone, such a source's trainer.test is refused; in a mix it gave an empty test split, silently."""
-    tiny = FolderSource(simple_tree(tmp_path / "tiny", per_class=4), test_fraction=0.05, cache_dir=tmp_path / "c")
+    tiny = FolderSource(
+        simple_tree(tmp_path / "tiny", per_class=4), test_fraction=0.05, cache_dir=tmp_path / "c"
+    )
     source = MixSource({"base": {"source": folder(tmp_path, "a")}, "tiny": {"source": tiny}})
     source.prepare()
     with pytest.raises(ValueError, match=r"source.parts.tiny.source.test_fraction=0.05 holds out no sample"):
@@ -338,7 +342,9 @@ def test_a_part_transform_that_fails_to_build_is_named_by_its_key(tmp_path):
 
 def test_an_epoch_size_that_fixed_counts_alone_cannot_fill_says_so():
     """Every part with samples: the epoch is their sum exactly; "at least that" sent the user round in circles."""
-    with pytest.raises(ValueError, match=r"source.epoch_size=150 .*every part has a fixed count.*exactly 100"):
+    with pytest.raises(
+        ValueError, match=r"source.epoch_size=150 .*every part has a fixed count.*exactly 100"
+    ):
         quotas([100, 7], [None, None], [60, 40], 150)
     assert quotas([100, 7], [None, None], [60, 40], 100).tolist() == [60, 40]
 
