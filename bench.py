@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
+from feedline.datamodules.train_loader import epoch_samples
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
 from feedline.diagnostics.drawing import draw_bench
@@ -57,6 +58,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def breakdown_indices(dataset, seed: int, n: int) -> list[int]:
+    """The items the stage breakdown times: a seeded sample of the rows, or of a mix's epoch draw (each part
+    in its share of the epoch, not of the rows: a small part of weight 0.5 is half the items)."""
+    drawn = getattr(dataset.records, "drawn", None)
+    if callable(drawn):
+        order = dataset.records.epoch_order(seed, 0)
+        at = random.Random(seed).sample(range(len(order)), min(n, len(order)))
+        return [int(order[k]) for k in at]
+    return random.Random(seed).sample(range(len(dataset)), min(n, len(dataset)))
+
+
 def bench(cfg: DictConfig, show: bool = True) -> dict:
     """Measure ``cfg.data``'s train loader; returns (and writes to ``bench.json_path``) the result."""
     startup = StartupClock()
@@ -78,10 +90,10 @@ def bench(cfg: DictConfig, show: bool = True) -> dict:
     check_warmup(datamodule.train_dataloader(), options.warmup)  # before the breakdown: it takes a while
     sweep_mode = options.workers == SWEEP
     if sweep_mode:
-        check_sweep_size(len(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
+        check_sweep_size(epoch_samples(dataset), batch_size, options, cpus, datamodule.prefetch_factor)
     if options.workers is not None and not sweep_mode:
         datamodule.num_workers = workers = options.workers
-    indices = random.Random(cfg.seed).sample(range(len(dataset)), min(options.sample_items, len(dataset)))
+    indices = breakdown_indices(dataset, cfg.seed, options.sample_items)
     # ipc is timed when batches will cross processes (workers > 0, or a sweep that includes workers)
     breakdown = stage_breakdown(
         dataset, datamodule.collate, indices, batch_size, workers=int(workers or sweep_mode)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -32,13 +33,27 @@ log = logging.getLogger(__name__)
 PART_KEYS = ("source", "weight", "samples", "class_map", "label", "transforms")
 
 
-def _named(err: Exception, name: str) -> Exception:
+def _count(value) -> bool:
+    """A whole number (an int, or a float like 10.0; not a bool, a string, inf or nan)."""
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and int(value) == value
+    )
+
+
+def _named(err: Exception, name: str, what: str = "source") -> Exception:
     """``err`` naming the part: its config keys spelled in full (``source.root`` is
     ``source.parts.<name>.source.root`` here), else the part's key in front; the same type where it takes a
     message alone."""
-    text = re.sub(r"(?<![\w.])source\.", f"source.parts.{name}.source.", str(err))
-    if text == str(err):
-        text = f"source.parts.{name}: {err}"
+    # a key, not a path's "source." (/data/source.v2, s3://bucket/source.tar)
+    if what == "source":
+        text = re.sub(r"(?<![\w./\\'~-])source\.", f"source.parts.{name}.source.", str(err))
+        if text == str(err):
+            text = f"source.parts.{name}: {err}"
+    else:  # a part's transforms: their key in front
+        text = f"source.parts.{name}.{what}: {err}"
     try:
         out = type(err)(text)
     except Exception:  # an exception type with another signature
@@ -58,9 +73,9 @@ def _build(config: Mapping, name: str, what: str):
         cause = err
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        raise _named(cause, name) from None
+        raise _named(cause, name, what) from None
     except Exception as err:
-        raise _named(err, name) from None
+        raise _named(err, name, what) from None
 
 
 class Part:
@@ -86,18 +101,30 @@ class Part:
         weight, samples = spec.get("weight"), spec.get("samples")
         if weight is not None and samples is not None:
             raise ValueError(f"{key}: give a weight or samples (a count per epoch), not both")
-        if samples is not None and (isinstance(samples, bool) or int(samples) != samples or samples < 1):
+        if samples is not None and (not _count(samples) or samples < 1):
             raise ValueError(f"{key}.samples={samples!r}: a count of samples per epoch, at least 1")
         if weight is None and samples is None:
             weight = 1.0
         if weight is not None and not (
-            isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0
+            isinstance(weight, (int, float))
+            and not isinstance(weight, bool)
+            and math.isfinite(weight)
+            and weight > 0
         ):
             raise ValueError(f"{key}.weight={weight!r}: a number above 0")
         self.weight = float(weight) if weight is not None else None
         self.samples = int(samples) if samples is not None else None
-        self.class_map = {str(k): str(v) for k, v in (spec.get("class_map") or {}).items()}
-        self.label = str(spec["label"]) if spec.get("label") is not None else None
+        class_map = spec.get("class_map") or {}
+        if not isinstance(class_map, Mapping):
+            raise ValueError(f"{key}.class_map: a mapping {{its class: the mix's class}}, not {class_map!r}")
+        for k, v in class_map.items():
+            if v is None or str(v) == "":
+                raise ValueError(f"{key}.class_map: {k} maps to {v!r}; map it to a class name")
+        self.class_map = {str(k): str(v) for k, v in class_map.items()}
+        label = spec.get("label")
+        if label is not None and str(label) == "":
+            raise ValueError(f"{key}.label='': a class name for every sample of the part, or null")
+        self.label = str(label) if label is not None else None
         if self.label is not None and self.class_map:
             raise ValueError(f"{key}: give class_map or label (one class for every sample), not both")
         transforms = spec.get("transforms")
@@ -223,7 +250,8 @@ class MixRecords:
 
     def order_identity(self) -> str:
         """What the draw depends on besides (seed, epoch): the parts, their sizes, counts and own orders."""
-        h = hashlib.blake2b(digest_size=6)
+        rule = b"passes adjusted at epochs that straddle them\n"  # the draw's rule (mix_order.adjusted_pass)
+        h = hashlib.blake2b(rule, digest_size=6)
         for name, records, count in zip(self.names, self.records, self.counts):
             own = getattr(records, "order_identity", None)
             h.update(f"{name}\n{len(records)}\n{int(count)}\n{own() if callable(own) else ''}\n".encode())
@@ -248,9 +276,7 @@ class MixSource(Source):
                 "source.parts is empty: add parts, e.g. +source/parts@source.parts.base=folder "
                 "source.parts.base.source.root=/data/base"
             )
-        if epoch_size is not None and (
-            isinstance(epoch_size, bool) or int(epoch_size) != epoch_size or epoch_size < 1
-        ):
+        if epoch_size is not None and (not _count(epoch_size) or epoch_size < 1):
             raise ValueError(f"source.epoch_size={epoch_size!r}: a number of samples, at least 1, or null")
         self.parts = [Part(name, spec) for name, spec in parts.items()]
         self.epoch_size = int(epoch_size) if epoch_size is not None else None
@@ -278,8 +304,8 @@ class MixSource(Source):
         return self._classes()[0]
 
     def part_transforms(self) -> dict[int, Any]:
-        """Each part's own per-sample train stack (a list of transforms), where it has one."""
-        return {k: p.transforms for k, p in enumerate(self.parts) if p.transforms}
+        """Each part's own per-sample train stack (a list of transforms), where it has one ([]: none)."""
+        return {k: p.transforms for k, p in enumerate(self.parts) if p.transforms is not None}
 
     def prepare(self) -> None:
         for part in self.parts:
@@ -321,6 +347,15 @@ class MixSource(Source):
                     raise
                 errors.append(str(err))  # a part without a test split: the others' still count
                 continue
+            share = getattr(part.source, f"{name}_fraction", 0)
+            if share and not len(records[-1]):  # as the datamodule says of a source alone
+                message = (
+                    f"{part.key}.source.{name}_fraction={share} holds out no sample: each class's share rounds "
+                    f"to 0, or would take its last training sample; raise it, or add samples"
+                )
+                if name == "test":
+                    raise ValueError(f"the test split of {part.key} is empty: {message}")
+                log.warning("the val split of %s is empty: %s", part.key, message)
             names.append(part.name)
             kept.append(mapping)
         if not records:

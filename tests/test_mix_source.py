@@ -49,7 +49,7 @@ def test_quotas_follow_the_weights_exactly_and_fixed_counts_as_given():
         quotas([100, 7], [1.0, None], [None, 50], 40)
     # every part a fixed count: a larger epoch has nothing to fill it, and "at least that" would not do
     with pytest.raises(
-        ValueError, match=r"no part has a weight to fill the other 120: set source.epoch_size=80"
+        ValueError, match=r"source.epoch_size=200 cannot be filled: .* an epoch is exactly 80"
     ):
         quotas([100, 7], [None, None], [30, 50], 200)
 
@@ -228,8 +228,8 @@ def test_val_batches_carry_each_samples_part_and_the_union_of_the_parts_splits(t
 
 def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_name(tmp_path):
     """Mid-epoch: the rest of the epoch's draw, batch for batch. Another weight is another draw, whose rest
-    would repeat some samples and miss others: refused like a changed seed (data.resume=lenient restarts the
-    epoch with the new mixture)."""
+    would repeat some samples and miss others: refused like a changed seed (data.resume=lenient warns and goes
+    on in the new mixture's draw)."""
     from feedline.datamodules.resume_checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
@@ -250,3 +250,147 @@ def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_
         assert torch.equal(image, want_image) and torch.equal(label, want_label)
     with pytest.raises(ResumeError, match=r"train order \(.*a mix: its parts.*\)"):
         loader(0.5).load_state_dict(state)
+
+
+# -- adversarial pass (attack31) -----------------------------------------------------------------------
+def test_huge_or_infinite_weights_are_refused_or_shared_exactly(tmp_path):
+    """An infinite weight made every count NaN, cast to -2**63; two weights of 1e308 overflowed the sum."""
+    assert quotas([10, 10], [1e308, 1e308], [None, None], 100).tolist() == [50, 50]
+    assert quotas([10, 10], [1e300, 1e-300], [None, None], 100).tolist() == [100, 0]
+    with pytest.raises(ValueError, match=r"source.parts.extra.weight=inf: a number above 0"):
+        mix(tmp_path, extra={"weight": float("inf")})
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "said"),
+    [
+        ({"samples": "abc", "weight": None}, {}, r"source.parts.extra.samples='abc'"),
+        ({"samples": float("inf"), "weight": None}, {}, r"source.parts.extra.samples=inf"),
+        ({}, {"epoch_size": "abc"}, r"source.epoch_size='abc'"),
+        ({}, {"epoch_size": float("inf")}, r"source.epoch_size=inf"),
+    ],
+)
+def test_counts_that_are_not_numbers_are_refused_by_key(tmp_path, spec, kwargs, said):
+    with pytest.raises(ValueError, match=said):
+        mix(tmp_path, extra=spec, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"class_map": {"cat": None}}, r"source.parts.extra.class_map: cat maps to None"),
+        ({"class_map": ["cat"]}, r"source.parts.extra.class_map: a mapping"),
+        ({"label": ""}, r"source.parts.extra.label=''"),
+    ],
+)
+def test_a_class_map_or_label_that_names_no_class_is_refused_by_key(tmp_path, spec, said):
+    """class_map={cat: null} used to make a class named "None"; a list crashed with an AttributeError."""
+    with pytest.raises(ValueError, match=said):
+        _ = mix(tmp_path, extra=spec).classes
+
+
+def test_an_error_naming_a_path_keeps_the_path(tmp_path):
+    """Only config keys are spelled in full: a root like /data/source.v2 is not rewritten."""
+    broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "source.v2")}
+    with pytest.raises(FileNotFoundError) as err:
+        MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
+    assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(
+        err.value
+    )
+
+
+def test_the_bench_breakdown_samples_a_mix_by_its_draw_not_by_its_rows(tmp_path):
+    """A small part of half the epoch is half the items bench times (it used to be sampled by rows: 12 of 312,
+    so a slow small part was all but missed), and a part the epoch never draws is not timed."""
+    from feedline.bench import breakdown_indices
+
+    parts = {
+        "big": {"source": folder(tmp_path, "big", per_class=100), "weight": 1},
+        "small": {"source": folder(tmp_path, "small", per_class=4), "weight": 1},
+        "never": {"source": folder(tmp_path, "never", per_class=4), "weight": 1e-9},
+    }
+    data = loaders(MixSource(parts, epoch_size=200))
+    data.setup("fit")
+    train = data.datasets["train"]
+    got = collections.Counter(parts_of(train.records, breakdown_indices(train, 0, 100)).tolist())
+    assert got[2] == 0 and 35 <= got[1] <= 65, got
+
+
+def test_a_parts_test_fraction_that_holds_out_nothing_is_refused_by_key(tmp_path):
+    """Alone, such a source's trainer.test is refused; in a mix it gave an empty test split, silently."""
+    tiny = FolderSource(
+        simple_tree(tmp_path / "tiny", per_class=4), test_fraction=0.05, cache_dir=tmp_path / "c"
+    )
+    source = MixSource({"base": {"source": folder(tmp_path, "a")}, "tiny": {"source": tiny}})
+    source.prepare()
+    with pytest.raises(ValueError, match=r"source.parts.tiny.source.test_fraction=0.05 holds out no sample"):
+        source.split("test")
+
+
+def test_a_part_with_an_empty_stack_of_its_own_is_not_given_the_runs(tmp_path):
+    """transforms: [] is a stack of its own (no augmentation: images already at the run's size), not "use
+    transforms.train": the run's RandomInvert was applied to it."""
+    data = loaders(mix(tmp_path, extra={"transforms": []}))
+    data.transforms.train = v2.Compose([v2.Resize((8, 8), antialias=True), v2.RandomInvert(p=1.0)])
+    data.setup("fit")
+    train = data.datasets["train"]
+    extra_row = int(train.records.offsets[1])
+    image, _ = train[extra_row]
+    assert torch.equal(image, train.decode(train.records[extra_row][0], 1))
+
+
+def test_a_part_transform_that_fails_to_build_is_named_by_its_key(tmp_path):
+    bad = [{"_target_": "torchvision.transforms.v2.Resize", "bogus": 1}]
+    with pytest.raises(TypeError, match=r"^source.parts.extra.transforms: .*bogus"):
+        mix(tmp_path, extra={"transforms": bad})
+
+
+def test_an_epoch_size_that_fixed_counts_alone_cannot_fill_says_so():
+    """Every part with samples: the epoch is their sum exactly; "at least that" sent the user round in circles."""
+    with pytest.raises(
+        ValueError, match=r"source.epoch_size=150 .*every part has a fixed count.*exactly 100"
+    ):
+        quotas([100, 7], [None, None], [60, 40], 150)
+    assert quotas([100, 7], [None, None], [60, 40], 100).tolist() == [60, 40]
+
+
+def test_bench_sweep_checks_a_mix_by_its_epoch_not_its_rows(make_cfg, tmp_path, fake_clock):
+    """The sweep's epochs are epoch_size samples: 60 rows passed the check while each epoch gave 8."""
+    from feedline.bench import bench
+
+    trees = [simple_tree(tmp_path / name, per_class=10) for name in ("a", "b")]
+    cfg = make_cfg(
+        "source=mix",
+        "+source/parts@source.parts.a=folder",
+        f"source.parts.a.source.root={trees[0]}",
+        "+source/parts@source.parts.b=folder",
+        f"source.parts.b.source.root={trees[1]}",
+        "source.epoch_size=8",
+        "bench.workers=sweep",
+        "bench.sweep_batches=2",
+        "bench.warmup=1",
+        "data.batch_size=2",
+        "data.num_workers=0",
+        "transforms=none",
+        f"bench.json_path={tmp_path / 'bench.json'}",
+        config="bench",
+    )
+    with pytest.raises(ValueError, match=r"bench.workers=sweep needs at least .* this train split has 8"):
+        bench(cfg, show=False)
+
+
+@pytest.mark.parametrize(("size", "quota"), [(1000, 800), (10, 4), (7, 5), (9, 8), (12, 5), (6, 6)])
+def test_an_epoch_that_straddles_two_passes_takes_no_sample_twice(size, quota):
+    """A part of 1,000 read 800 an epoch took ~120 samples twice in epochs 1-3 (the end of one pass and the
+    start of a fresh permutation); each pass is still a permutation, so every sample comes before any twice."""
+    order = lambda seed, k: np.random.default_rng([seed, k]).permutation(size)  # noqa: E731
+    epochs = 40 if size < 100 else 6
+    counts = np.array([quota])
+    taken = [mix_order([order], [size], [0], counts, 3, e) for e in range(epochs)]
+    for e, rows in enumerate(taken):
+        assert len(set(rows.tolist())) == quota, f"epoch {e}: {quota - len(set(rows.tolist()))} twice"
+    run = np.concatenate(taken)
+    for k in range(len(run) // size):  # each pass a permutation
+        assert sorted(run[k * size : (k + 1) * size].tolist()) == list(range(size))
+    again = [mix_order([order], [size], [0], counts, 3, e) for e in reversed(range(epochs))][::-1]
+    assert all(np.array_equal(a, b) for a, b in zip(taken, again))  # a pure function of the epoch
