@@ -21,6 +21,7 @@ checked instead. Whether a state fits the run is decided in ``resume_checks.py``
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +154,13 @@ class EpochSampler(DistributedSampler):
         return zip(rows.tolist(), self.seeds(rows).tolist())
 
 
+def _weakly(method):
+    """A bound method held by a weak reference to its object (a plain function as it is); None stays None."""
+    if method is None or not hasattr(method, "__self__"):
+        return (lambda: method) if method is not None else None
+    return weakref.WeakMethod(method)
+
+
 def _raise(error: Exception):
     raise error
     yield  # a generator: it raises when first asked for a batch
@@ -197,9 +205,20 @@ class ResumableLoader(DataLoader):
         self.position = sampler.position
         self.checks = dict(checks)
         self.mode = check_resume_mode(mode)
-        self.progress = progress
-        self.shift = shift
+        # the datamodule's methods, held weakly: a datamodule holds its train loader, and a cycle between them
+        # would leave the loader (and its persistent workers) to the cyclic garbage collector, where the
+        # iterator's shutdown waits out torch's 5 s join timeout per worker
+        self._progress = _weakly(progress)
+        self._shift = _weakly(shift)
         self.resuming = resuming
+
+    @property
+    def progress(self):
+        return self._progress() if self._progress is not None else None
+
+    @property
+    def shift(self):
+        return self._shift() if self._shift is not None else None
 
     def state_dict(self) -> dict:
         """Where training goes on from: under a Trainer, where Lightning's progress counters say it goes on

@@ -807,3 +807,24 @@ def test_a_consumed_count_that_does_not_follow_from_the_batches_is_refused(tmp_p
     edit_checkpoint(path, lambda c: loops_state(c)["combined_loader"][0].update(consumed=consumed))
     with pytest.raises(ResumeError, match=rf"consumed {consumed} samples, but 3 batches of 4 on 1 rank\(s\)"):
         fit_labels(labelled_dm(tree), Labels(), path, max_epochs=1)
+
+
+def test_a_datamodule_dropped_mid_epoch_frees_its_loader_at_once(tmp_path):
+    """The datamodule holds its train loader and the loader calls back into the datamodule: held strongly,
+    that cycle left the loader and its persistent workers to the cycle collector, whose shutdown of the
+    iterator waited out torch's 5 s join timeout per worker (10 s each time a notebook dropped one)."""
+    import gc
+    import weakref
+
+    dm = lightning_dm(simple_tree(tmp_path / "tree"))
+    dm.setup("fit")
+    gc.disable()
+    try:
+        loader = dm.train_dataloader()
+        it = iter(loader)
+        next(it)
+        gone = weakref.ref(loader)
+        del it, loader, dm
+        assert gone() is None  # freed by its last reference, not left for gc.collect()
+    finally:
+        gc.enable()
