@@ -818,6 +818,7 @@ def test_a_datamodule_dropped_mid_epoch_frees_its_loader_at_once(tmp_path):
 
     dm = lightning_dm(simple_tree(tmp_path / "tree"))
     dm.setup("fit")
+    gc.collect()  # Lightning's save_hyperparameters leaves frame cycles that hold the datamodule till then
     gc.disable()
     try:
         loader = dm.train_dataloader()
