@@ -49,7 +49,7 @@ from feedline.datamodules.train_loader import TrainLoader
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
-from feedline.transforms.collate import Collate, DefaultCollate, WithParts, WithPaths
+from feedline.transforms.collate import Collate, DefaultCollate, PadCollate, WithParts, WithPaths
 from feedline.transforms.deferred import defer_crop
 from feedline.transforms.stacks import TransformStacks, compose
 
@@ -57,6 +57,28 @@ log = logging.getLogger(__name__)
 
 _DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed schema
 _STAGES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+
+
+def check_part_sizes(dataset: SampleDataset, own: dict) -> None:
+    """A mix whose parts have their own train stacks: one sample of each part through its stack, before
+    training, so that a stack ending at another size is named by its key (the batch would fail at its first
+    collate, naming no part). Parts with an empty train split are left out."""
+    records = dataset.records
+    shapes = {}
+    for k, name in enumerate(records.names):
+        first = int(records.offsets[k])
+        if first < int(records.offsets[k + 1]):
+            image = dataset[(first, 0)][0]
+            shapes[name] = (tuple(image.shape), k in own)
+    if len({shape for shape, _ in shapes.values()}) > 1:
+        said = ", ".join(
+            f"source.parts.{name}{'.transforms' if own_stack else ' (transforms.train)'} at {shape}"
+            for name, (shape, own_stack) in shapes.items()
+        )
+        raise ValueError(
+            f"the parts' train stacks end at different sizes: {said}; images of one batch must share one: end "
+            f"each part's stack with the same crop or resize (or use collate=pad)"
+        )
 
 
 class ImageLoaders(TrainLoader, DeviceBatch):
@@ -242,7 +264,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         if getattr(self.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
             transform = defer_crop(transform)
             parts = {k: defer_crop(t) for k, t in parts.items()}
-        return SampleDataset(
+        dataset = SampleDataset(
             records,
             transform,
             self.on_bad_sample,
@@ -253,6 +275,9 @@ class ImageLoaders(TrainLoader, DeviceBatch):
             part_transforms=parts,
             with_parts=split in ("val", "test") and hasattr(records, "part_of"),
         )
+        if parts and not isinstance(self.collate, PadCollate):
+            check_part_sizes(dataset, own)
+        return dataset
 
     def part_names(self, split: str = "val") -> list[str] | None:
         """The parts of a mix (``source=mix``) that ``split`` holds, as ``batch.part`` numbers them; None for

@@ -331,7 +331,7 @@ def test_a_part_with_an_empty_stack_of_its_own_is_not_given_the_runs(tmp_path):
     """transforms: [] is a stack of its own (no augmentation: images already at the run's size), not "use
     transforms.train": the run's RandomInvert was applied to it."""
     data = loaders(mix(tmp_path, extra={"transforms": []}))
-    data.transforms.train = v2.Compose([v2.Resize((8, 8), antialias=True), v2.RandomInvert(p=1.0)])
+    data.transforms.train = v2.Compose([v2.RandomInvert(p=1.0)])  # the images are the run's size already
     data.setup("fit")
     train = data.datasets["train"]
     extra_row = int(train.records.offsets[1])
@@ -394,3 +394,12 @@ def test_an_epoch_that_straddles_two_passes_takes_no_sample_twice(size, quota):
         assert sorted(run[k * size : (k + 1) * size].tolist()) == list(range(size))
     again = [mix_order([order], [size], [0], counts, 3, e) for e in reversed(range(epochs))][::-1]
     assert all(np.array_equal(a, b) for a, b in zip(taken, again))  # a pure function of the epoch
+
+
+def test_a_parts_stack_ending_at_another_size_is_named_before_training(tmp_path):
+    bigger = [v2.Resize((12, 12), antialias=True)]
+    data = loaders(mix(tmp_path, extra={"transforms": bigger}))
+    with pytest.raises(
+        ValueError, match=r"source.parts.extra.transforms at \(3, 12, 12\).*same crop or resize"
+    ):
+        data.setup("fit")
