@@ -809,23 +809,35 @@ def test_a_consumed_count_that_does_not_follow_from_the_batches_is_refused(tmp_p
         fit_labels(labelled_dm(tree), Labels(), path, max_epochs=1)
 
 
+DROPPED = """
+import gc, sys, weakref
+from tests.helpers import simple_tree
+from tests.test_resume import lightning_dm
+
+dm = lightning_dm(simple_tree(sys.argv[1]))
+dm.setup("fit")
+gc.collect()  # Lightning's save_hyperparameters leaves frame cycles that hold the datamodule till then
+gc.disable()
+loader = dm.train_dataloader()
+it = iter(loader)
+next(it)
+gone = weakref.ref(loader)
+del it, loader, dm
+print("freed" if gone() is None else "left for the cycle collector")
+"""
+
+
 def test_a_datamodule_dropped_mid_epoch_frees_its_loader_at_once(tmp_path):
     """The datamodule holds its train loader and the loader calls back into the datamodule: held strongly,
     that cycle left the loader and its persistent workers to the cycle collector, whose shutdown of the
-    iterator waited out torch's 5 s join timeout per worker (10 s each time a notebook dropped one)."""
-    import gc
-    import weakref
-
-    dm = lightning_dm(simple_tree(tmp_path / "tree"))
-    dm.setup("fit")
-    gc.collect()  # Lightning's save_hyperparameters leaves frame cycles that hold the datamodule till then
-    gc.disable()
-    try:
-        loader = dm.train_dataloader()
-        it = iter(loader)
-        next(it)
-        gone = weakref.ref(loader)
-        del it, loader, dm
-        assert gone() is None  # freed by its last reference, not left for gc.collect()
-    finally:
-        gc.enable()
+    iterator waited out torch's 5 s join timeout per worker (10 s each time a notebook dropped one). In a
+    fresh interpreter: what earlier tests left behind must not hold the datamodule."""
+    done = subprocess.run(
+        [sys.executable, "-c", DROPPED, str(tmp_path / "tree")],
+        cwd=ROOT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "freed", done.stdout
