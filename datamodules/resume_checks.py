@@ -18,6 +18,7 @@ the epoch's order whatever the world that read them, so a new world reads the re
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Mapping
 
@@ -30,6 +31,7 @@ RESUME_MODES = ("strict", "lenient")
 CHECKED = {
     "samples": "training samples",
     "classes": "classes",
+    "class_names": "class names (a digest of the class list in label order; a mix: and each part's class_map)",
     "split": "train split (digest of its sample rows)",
     "split_seed": "source.seed",
     "order": "train order (shards: source.window over the chunks; a mix: its parts and what each gives an epoch)",
@@ -42,6 +44,8 @@ CHECKED = {
 }
 # Recorded, so that a position counted in batches reads as samples, but free to change between save and resume.
 ELASTIC = ("batch_size", "world_size")
+# Checked only where the checkpoint records them: checkpoints written before they were recorded still resume.
+RECORDED_SINCE = ("class_names",)
 
 
 def counted_in(source, split_digest: str, counts: dict, world_size: int, seed: int, drop_last: bool) -> dict:
@@ -102,8 +106,19 @@ def differences(then: Mapping, now: Mapping) -> list[str]:
     return [
         f"{what} {then.get(key)!r} then, {now.get(key)!r} now"
         for key, what in CHECKED.items()
-        if key not in ELASTIC and now.get(key) is not None and then.get(key) != now.get(key)
+        if key not in ELASTIC
+        and now.get(key) is not None
+        and (key not in RECORDED_SINCE or key in then)
+        and then.get(key) != now.get(key)
     ]
+
+
+def class_names_digest(classes, mapping: str = "") -> str:
+    """The class list in label order (and ``mapping``: how a mix's parts map their labels to it), as 12 hex
+    digits: the same count of classes renamed, reordered or mapped otherwise gives other labels to the same
+    samples."""
+    text = "\n".join(map(str, classes)) + "\n\n" + mapping
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):

@@ -10,7 +10,12 @@ import os
 
 from feedline.datamodules.knobs import check_steps
 from feedline.datamodules.resume import EpochSampler, ResumableLoader, Resuming
-from feedline.datamodules.resume_checks import counted_in, lightning_position, shift_batches
+from feedline.datamodules.resume_checks import (
+    class_names_digest,
+    counted_in,
+    lightning_position,
+    shift_batches,
+)
 from feedline.datamodules.samples import SampleDataset
 
 
@@ -18,6 +23,11 @@ def epoch_samples(dataset: SampleDataset) -> int:
     """The samples an epoch reads: the split's, or what a source's own draw gives (a mix's epoch_size)."""
     own = getattr(dataset.records, "epoch_samples", None)
     return int(own()) if callable(own) else len(dataset)
+
+
+def _label_identity(dataset: SampleDataset) -> str:
+    own = getattr(dataset.records, "label_identity", None)  # a mix: each part's class_map
+    return own() if callable(own) else ""
 
 
 class TrainLoader:
@@ -62,7 +72,12 @@ class TrainLoader:
         if self._train_digest is None:  # once: one pass over the split's row array
             digest = getattr(dataset.records, "digest", None)
             self._train_digest = digest() if callable(digest) else ""
-        counts = {"samples": epoch_samples(dataset), "classes": self.num_classes, "batch_size": batch_size}
+        counts = {
+            "samples": epoch_samples(dataset),
+            "classes": self.num_classes,
+            "class_names": class_names_digest(self.classes, _label_identity(dataset)),
+            "batch_size": batch_size,
+        }
         identity = getattr(
             dataset.records, "order_identity", None
         )  # a source's own order: what it draws from

@@ -258,6 +258,11 @@ class MixRecords:
         drawn = ", ".join(f"{n} {int(c)}" for n, c in zip(self.names, self.counts))
         return f"mix of {drawn} per epoch ({h.hexdigest()})"
 
+    def label_identity(self) -> str:
+        """How each part's labels map to the mix's classes (its class_map, label): a resume checks it, as a
+        swap within a part keeps the class list and gives its samples other labels."""
+        return ";".join(f"{name}:{','.join(map(str, m.tolist()))}" for name, m in zip(self.names, self.maps))
+
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)
         for records in self.records:

@@ -403,3 +403,28 @@ def test_a_parts_stack_ending_at_another_size_is_named_before_training(tmp_path)
         ValueError, match=r"source.parts.extra.transforms at \(3, 12, 12\).*same crop or resize"
     ):
         data.setup("fit")
+
+
+def test_a_resume_with_classes_renamed_or_mapped_otherwise_is_refused_by_name(tmp_path):
+    """The same number of classes, other labels for the same samples: a swapped class_map within a part (the
+    class list unchanged) or a renamed class. Checked like the seed; it passed before, labels swapped mid-run."""
+    from feedline.datamodules.resume_checks import ResumeError
+    from tests.test_resume import digests, world_loaders
+
+    tree = simple_tree(tmp_path / "tree")
+
+    def loader(**extra):
+        return world_loaders(mix(tmp_path, extra=extra), tree, 1, 4)[0]
+
+    first = loader()
+    digests(first, 2)
+    state = first.state_dict()
+    loader().load_state_dict(state)  # the same mix resumes
+    swapped = loader(class_map={"cat": "dog", "dog": "cat"})
+    with pytest.raises(ResumeError, match=r"class names \(.*\) '\w+' then, '\w+' now"):
+        swapped.load_state_dict(state)
+    renamed = loader(class_map={"eel": "fish"})
+    with pytest.raises(ResumeError, match=r"class names"):
+        renamed.load_state_dict(state)
+    del state["class_names"]  # a checkpoint written before class names were recorded still resumes
+    loader().load_state_dict(state)
