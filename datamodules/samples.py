@@ -133,20 +133,21 @@ class SampleDataset(Dataset):
         return [self._finish(i, record, seed) for (i, seed), record in zip(pairs, records)]
 
     def _finish(self, i: int, record, seed: int | None = None):
-        used = i
+        used, part = i, self._part(i)
         try:
             if record is None:
-                image, label = self._decode(i)
+                payload, label = self.records[i]
             else:
-                image, label = self.decode(record[0], self._part(i)), record[1]
+                payload, label = record
+            image = self.decode(payload, part)
         except (OSError, DecodeError) as err:
             self.bad_sample(i, err)
             if self.with_paths:
                 return None  # predict: the file is left out of its batch (``WithPaths``), never replaced
             image, label, used = self._substitute(i)
+            part = self._part(used)
         if seed is not None:
             torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100
-        part = self._part(used)
         if self.with_paths:
             return self.augment(image, part), label, self.records.describe(used)
         if self.with_parts:
