@@ -6,7 +6,7 @@
 Work, for every loader: read, decode, RandomResizedCrop(224), horizontal flip, uint8 batches of
 ``--batch-size``, ``--workers`` worker processes. Data: the JPEG tree of ``throughput.py`` (about 500x375),
 converted once into each loader's own format. Each measurement runs in a fresh process; loaders alternate
-within a round; after two warm-up batches the process tree's CPU time (psutil: the loader process and its
+within a round; after two warm-up batches the process tree's CPU time (cpu_clock.py: the loader process and its
 workers) and the wall time are taken over the rest of one epoch. CPU-ms per image is the figure to compare on a
 shared machine (images/s swings with the neighbours, CPU time much less); the table reports medians with the
 min-max and the ratio against the feedline row of the same format class.
@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Nothing heavy at module level: a measurement's child process imports what its loader needs, and no more,
 # so its start-up (from the process's start to the first batches) is that loader's own.
+import cpu_clock  # noqa: E402 - standard library only
 import peer_overlays  # noqa: E402 - standard library only
 from peer_data import ensure_litdata, ensure_webdataset  # noqa: E402 - standard library only
 from peer_loaders import (  # noqa: E402, F401 - tests and scaling.py read LOADERS, SCRIPTS, installed here
@@ -82,11 +83,7 @@ def child(name: str, args, loaders: dict = LOADERS) -> dict:
     me = psutil.Process()
 
     def cpu() -> float:
-        total = sum(me.cpu_times()[:2])
-        for proc in me.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended between the calls
-                total += sum(proc.cpu_times()[:2])
-        return total
+        return cpu_clock.tree_seconds(me)
 
     batches = iter(loader)
     count, first = 0, None
@@ -341,7 +338,7 @@ def main(argv=None) -> dict:
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
     for row in rows:
         lead = ours.get(row["format"])
-        row["feedline_lead"] = row["cpu_ms"] / lead if lead else None
+        row["feedline_lead"] = row["cpu_ms"] / lead if lead and row["cpu_ms"] else None
     print(
         f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers,"
     )

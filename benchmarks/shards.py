@@ -111,7 +111,8 @@ def ratios(rows: list[dict]) -> None:
     by_name = {row["loader"]: row["cpu_ms"] for row in rows}
     for row in rows:
         for key, name in (("vs_anchor", ANCHOR), ("vs_hdf5", HDF5)):
-            row[key] = row["cpu_ms"] / by_name[name] if by_name.get(name) else None  # 0: under psutil's tick
+            measured = row["cpu_ms"] and by_name.get(name)  # 0: under the clock's resolution, no ratio
+            row[key] = row["cpu_ms"] / by_name[name] if measured else None
 
 
 def print_table(rows: list[dict]) -> None:
@@ -137,7 +138,7 @@ def verdict(rows: list[dict]) -> list[str]:
         return []
     shards, lines = by_name[SHARDS], []
     unmeasured = [r["loader"] for r in rows if not r["cpu_ms"]]
-    if unmeasured:  # a run too short for psutil's CPU clock: no ratio, and no target judged
+    if unmeasured:  # a run too short for the CPU clock: no ratio, and no target judged on it
         lines.append(
             f"CPU time under the clock's resolution for {', '.join(unmeasured)} (0.00 ms per image): "
             "too few images to compare CPU per image; run with more --images"
@@ -206,7 +207,7 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
     cold, warm, limited, anchor, local_row = (by_name[n] for n in shards_s3.ROWS)
     lines = []
     for k in (1, 2):
-        if local_row[f"pass{k}_cpu_ms"]:
+        if local_row[f"pass{k}_cpu_ms"] and warm[f"pass{k}_cpu_ms"]:  # 0: under the clock's resolution
             ratio = warm[f"pass{k}_cpu_ms"] / local_row[f"pass{k}_cpu_ms"]
             lines.append(
                 f"S3 warm pass {k} CPU per image {ratio:.2f}x the same shards from local disk, measured alike "
@@ -225,7 +226,7 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
             f"{row['loader']}: peak cache {row['peak'] / 1e6:.1f} MB, limit {row['limit'] / 1e6:.1f} MB: "
             f"{'met' if ok else 'NOT met'}"
         )
-    if anchor["pass1_cpu_ms"]:
+    if anchor["pass1_cpu_ms"] and cold["pass1_cpu_ms"]:
         ratio = cold["pass1_cpu_ms"] / anchor["pass1_cpu_ms"]
         lines.append(
             f"S3 cold CPU per image {ratio:.2f}x LitData's loader from the same bucket (target <= 1.00x): "

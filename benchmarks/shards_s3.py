@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+import cpu_clock
 from peer_work import crop_and_flip, decode_jpeg
 
 ROWS = (
@@ -116,11 +117,7 @@ def child(name: str, args) -> dict:
     me = psutil.Process()
 
     def cpu() -> float:  # with the workers of a pass that ended (LitData's are not persistent)
-        total = sum(me.cpu_times()[:4])
-        for proc in me.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                total += sum(proc.cpu_times()[:2])
-        return total
+        return cpu_clock.tree_seconds(me, reaped=True)
 
     cache = getattr(loader.dataset.records.chunks, "cache", None) if not name.startswith("LitData") else None
     before = cache.fetched()["bytes"] if cache else 0

@@ -102,13 +102,17 @@ def test_reduced_decode_benchmark_runs_and_writes_json(tmp_path):
     assert all(r["images_per_s"] > 0 for r in rows.values())
 
 
-def test_shards_verdict_says_when_cpu_was_too_short_to_measure():
-    """A tiny run whose CPU time stays under psutil's tick prints 0.00 and blank ratios: it says why."""
+def bench_module(name: str):
     sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
     try:
-        import shards as bench_shards
+        return __import__(name)
     finally:
         sys.path.pop(0)
+
+
+def test_shards_verdict_says_when_cpu_was_too_short_to_measure():
+    """A run whose CPU time stays under the clock's resolution prints 0.00 and blank ratios: it says why."""
+    bench_shards = bench_module("shards")
     rows = [
         {"loader": "feedline folder", "cpu_ms": 0.83},
         {"loader": bench_shards.HDF5, "cpu_ms": 0.0},
@@ -118,3 +122,31 @@ def test_shards_verdict_says_when_cpu_was_too_short_to_measure():
     bench_shards.ratios(rows)
     lines = bench_shards.verdict(rows)
     assert any("more --images" in line and bench_shards.SHARDS in line for line in lines), lines
+
+
+def test_shards_verdict_judges_no_target_on_an_unmeasured_row():
+    """shards at 0.00 ms (unmeasured) against a measured anchor is not '0.00x: met'."""
+    bench_shards = bench_module("shards")
+    rows = [
+        {"loader": bench_shards.HDF5, "cpu_ms": 0.8},
+        {"loader": bench_shards.SHARDS, "cpu_ms": 0.0},
+        {"loader": bench_shards.ANCHOR, "cpu_ms": 0.9},
+    ]
+    bench_shards.ratios(rows)
+    assert rows[1]["vs_anchor"] is None and rows[1]["vs_hdf5"] is None
+    lines = bench_shards.verdict(rows)
+    assert len(lines) == 1 and "more --images" in lines[0], lines
+
+
+def test_the_cpu_clock_counts_under_a_millisecond():
+    """The benchmarks' CPU clock counts far below psutil's 10 ms tick, so a short run still has a CPU figure:
+    readings a few hundred microseconds of work apart all differ (with ticks, most would be equal)."""
+    import psutil
+
+    cpu_clock = bench_module("cpu_clock")
+    me = psutil.Process()
+    readings = []
+    for _ in range(10):
+        sum(range(20_000))  # a few hundred microseconds of work
+        readings.append(cpu_clock.tree_seconds(me))
+    assert all(b > a for a, b in zip(readings, readings[1:])), readings
