@@ -4,7 +4,7 @@ One directory per node (``source.cache_dir``), shared by every process of the no
 workers) and every dataset they read (the callers name chunks apart), under one limit; coordinated by
 ``flock`` alone, so a process killed with SIGKILL leaves no lock behind:
 
-    <dir>/<chunk>           a complete chunk, renamed into place once its bytes are all there
+    <dir>/<chunk>           a complete chunk, renamed into place once its bytes are all there, on the disk
     <dir>/<chunk>.part      a download in progress: sized to the whole chunk when it starts (counted in full),
                             locked by its writer; one whose lock is free belongs to a dead writer and is removed
     <dir>/.lock             the directory lock: taken to admit a download, evict, or rename one into place
@@ -177,6 +177,9 @@ class ChunkCache:
                 fetch(out)
                 if out.written != size:
                     raise OSError(f"chunk {name}: fetched {out.written} bytes, index.json says {size}")
+            # on the disk before it has its name: after a power loss the name holds these bytes, never a
+            # chunk-sized run of zeros that the rename outlived (a chunk carries no checksum to catch that)
+            os.fdatasync(fd)
             with self._locked():
                 os.rename(part, path)
                 self._count(size)

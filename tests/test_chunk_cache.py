@@ -4,6 +4,7 @@ the object-storage tests run it against a real S3 server."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import multiprocessing
 import os
@@ -101,6 +102,35 @@ def test_a_failed_or_wrong_sized_download_leaves_nothing_read_as_whole(tmp_path)
     with pytest.raises(OSError, match="more bytes than index.json's 1000"):
         cache.read("a", SIZE, 0, 10, lambda out: out.write(b"x" * 1200))
     assert sorted(os.listdir(tmp_path / "c")) == [".lock"]
+
+
+def test_a_chunk_is_on_the_disk_before_it_takes_its_name(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave the name on a chunk-sized run of zeros: the download's
+    bytes are synced before the rename, and a failed sync publishes nothing."""
+    events = []
+    real_sync, real_rename = os.fdatasync, os.rename
+
+    def sync(fd):
+        events.append(("sync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_sync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", os.path.basename(src)))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(chunk_cache.os, "fdatasync", sync)
+    monkeypatch.setattr(chunk_cache.os, "rename", rename)
+    cache = ChunkCache(tmp_path / "c", 10 * SIZE)
+    assert read_whole(cache, "a", fetcher()) == payload("a")
+    assert events == [("sync", "a.part"), ("rename", "a.part")]
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(chunk_cache.os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        read_whole(cache, "b", fetcher())
+    assert sorted(os.listdir(tmp_path / "c")) == [".lock", "a"]
 
 
 def test_a_download_of_a_killed_process_is_removed_and_fetched_again(tmp_path):
