@@ -4,6 +4,8 @@ psutil reads ``/proc/<pid>/stat``, counted in clock ticks (10 ms): a short run (
 0.6 ms each, spread over two workers) reads as 0.00 ms per image, and a ratio against it means nothing. On
 Linux each process also has a CPU clock of its own (the one ``clock_getcpuclockid`` returns), counted in
 nanoseconds over all its threads, those that ended included; it is read here, with psutil's ticks elsewhere.
+(A thread of another process that is running at the moment of the read may be counted up to one scheduler
+tick late, 1-4 ms, once per reading: far under the ticks' 10 ms per process and thread.)
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def child(name: str, args, loaders: dict = LOADERS) -> dict:
     me = psutil.Process()
 
     def cpu() -> float:
-        return cpu_clock.tree_seconds(me)
+        return cpu_clock.tree_seconds(me, reaped=True)  # a loader whose workers end with its epoch
 
     batches = iter(loader)
     count, first = 0, None
@@ -338,7 +338,7 @@ def main(argv=None) -> dict:
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
     for row in rows:
         lead = ours.get(row["format"])
-        row["feedline_lead"] = row["cpu_ms"] / lead if lead and row["cpu_ms"] else None
+        row["feedline_lead"] = row["cpu_ms"] / lead if lead and row["cpu_ms"] > 0 else None
     print(
         f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers,"
     )

@@ -111,7 +111,7 @@ def ratios(rows: list[dict]) -> None:
     by_name = {row["loader"]: row["cpu_ms"] for row in rows}
     for row in rows:
         for key, name in (("vs_anchor", ANCHOR), ("vs_hdf5", HDF5)):
-            measured = row["cpu_ms"] and by_name.get(name)  # 0: under the clock's resolution, no ratio
+            measured = row["cpu_ms"] > 0 and (by_name.get(name) or 0) > 0  # 0: under the clock's resolution
             row[key] = row["cpu_ms"] / by_name[name] if measured else None
 
 
@@ -137,7 +137,7 @@ def verdict(rows: list[dict]) -> list[str]:
     if SHARDS not in by_name:
         return []
     shards, lines = by_name[SHARDS], []
-    unmeasured = [r["loader"] for r in rows if not r["cpu_ms"]]
+    unmeasured = [r["loader"] for r in rows if not r["cpu_ms"] > 0]
     if unmeasured:  # a run too short for the CPU clock: no ratio, and no target judged on it
         lines.append(
             f"CPU time under the clock's resolution for {', '.join(unmeasured)} (0.00 ms per image): "
@@ -207,7 +207,9 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
     cold, warm, limited, anchor, local_row = (by_name[n] for n in shards_s3.ROWS)
     lines = []
     for k in (1, 2):
-        if local_row[f"pass{k}_cpu_ms"] and warm[f"pass{k}_cpu_ms"]:  # 0: under the clock's resolution
+        if (
+            local_row[f"pass{k}_cpu_ms"] > 0 and warm[f"pass{k}_cpu_ms"] > 0
+        ):  # 0: under the clock's resolution
             ratio = warm[f"pass{k}_cpu_ms"] / local_row[f"pass{k}_cpu_ms"]
             lines.append(
                 f"S3 warm pass {k} CPU per image {ratio:.2f}x the same shards from local disk, measured alike "
@@ -226,7 +228,7 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
             f"{row['loader']}: peak cache {row['peak'] / 1e6:.1f} MB, limit {row['limit'] / 1e6:.1f} MB: "
             f"{'met' if ok else 'NOT met'}"
         )
-    if anchor["pass1_cpu_ms"] and cold["pass1_cpu_ms"]:
+    if anchor["pass1_cpu_ms"] > 0 and cold["pass1_cpu_ms"] > 0:
         ratio = cold["pass1_cpu_ms"] / anchor["pass1_cpu_ms"]
         lines.append(
             f"S3 cold CPU per image {ratio:.2f}x LitData's loader from the same bucket (target <= 1.00x): "

@@ -179,7 +179,7 @@ class ChunkCache:
                     raise OSError(f"chunk {name}: fetched {out.written} bytes, index.json says {size}")
             # on the disk before it has its name: after a power loss the name holds these bytes, never a
             # chunk-sized run of zeros that the rename outlived (a chunk carries no checksum to catch that)
-            os.fdatasync(fd)
+            _sync(fd)
             with self._locked():
                 os.rename(part, path)
                 self._count(size)
@@ -335,6 +335,15 @@ def _evict(path: str) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _sync(fd: int) -> None:
+    """The file's bytes on the disk; a file system that keeps nothing to sync (it refuses the call) is let be."""
+    try:
+        getattr(os, "fdatasync", os.fsync)(fd)  # fdatasync: Linux; fsync elsewhere
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
 
 
 def _remove(path: str) -> None:

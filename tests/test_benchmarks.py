@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,6 +139,7 @@ def test_shards_verdict_judges_no_target_on_an_unmeasured_row():
     assert len(lines) == 1 and "more --images" in lines[0], lines
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-process CPU clock is Linux's")
 def test_the_cpu_clock_counts_under_a_millisecond():
     """The benchmarks' CPU clock counts far below psutil's 10 ms tick, so a short run still has a CPU figure:
     readings a few hundred microseconds of work apart all differ (with ticks, most would be equal)."""
@@ -148,5 +150,27 @@ def test_the_cpu_clock_counts_under_a_millisecond():
     readings = []
     for _ in range(10):
         sum(range(20_000))  # a few hundred microseconds of work
-        readings.append(cpu_clock.tree_seconds(me))
+        readings.append(cpu_clock.process_seconds(me))
     assert all(b > a for a, b in zip(readings, readings[1:])), readings
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-process CPU clock is Linux's")
+def test_the_cpu_clock_counts_a_worker_alive_and_after_it_is_reaped():
+    """A child's CPU is in the tree's total while it runs, and stays there (reaped) once it has ended."""
+    import psutil
+
+    cpu_clock = bench_module("cpu_clock")
+    me = psutil.Process()
+    before = cpu_clock.tree_seconds(me, reaped=True)
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, text=True)
+    try:
+        child_proc = psutil.Process(child.pid)
+        while cpu_clock.process_seconds(child_proc) < 0.3:  # its CPU, read from outside it
+            time.sleep(0.05)
+        alive = cpu_clock.tree_seconds(me, reaped=True)
+    finally:
+        child.communicate("\n", timeout=60)
+    reaped = cpu_clock.tree_seconds(me, reaped=True)
+    assert alive - before >= 0.3 and reaped - before >= 0.3 and reaped >= alive
+    assert cpu_clock.tree_seconds(me) - before < 0.3  # without reaped: an ended child's CPU is gone
