@@ -43,3 +43,9 @@ def tree_seconds(me, reaped: bool = False) -> float:
         with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended between the calls
             total += process_seconds(proc)
     return total
+
+
+def cpu_ratio(cpu, against) -> float | None:
+    """``cpu / against`` where both were measured; None where either is 0 (under the clock's resolution) or
+    missing: no ratio, and no target judged on it."""
+    return cpu / against if cpu and against and cpu > 0 and against > 0 else None

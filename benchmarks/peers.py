@@ -338,7 +338,7 @@ def main(argv=None) -> dict:
     ours = {row["format"]: row["cpu_ms"] for row in rows if row["loader"] == OURS[row["format"]]}
     for row in rows:
         lead = ours.get(row["format"])
-        row["feedline_lead"] = row["cpu_ms"] / lead if lead and row["cpu_ms"] > 0 else None
+        row["feedline_lead"] = cpu_clock.cpu_ratio(row["cpu_ms"], lead)
     print(
         f"{args.images} JPEGs, RandomResizedCrop 224 + flip, batch {args.batch_size}, {args.workers} workers,"
     )

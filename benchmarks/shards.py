@@ -29,6 +29,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_clock  # noqa: E402 - standard library only
 import peers  # noqa: E402 - standard library only at module level
 import shards_s3  # noqa: E402
 from peer_loaders import feedline_folder, feedline_loader  # noqa: E402
@@ -111,8 +112,7 @@ def ratios(rows: list[dict]) -> None:
     by_name = {row["loader"]: row["cpu_ms"] for row in rows}
     for row in rows:
         for key, name in (("vs_anchor", ANCHOR), ("vs_hdf5", HDF5)):
-            measured = row["cpu_ms"] > 0 and (by_name.get(name) or 0) > 0  # 0: under the clock's resolution
-            row[key] = row["cpu_ms"] / by_name[name] if measured else None
+            row[key] = cpu_clock.cpu_ratio(row["cpu_ms"], by_name.get(name))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -207,10 +207,8 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
     cold, warm, limited, anchor, local_row = (by_name[n] for n in shards_s3.ROWS)
     lines = []
     for k in (1, 2):
-        if (
-            local_row[f"pass{k}_cpu_ms"] > 0 and warm[f"pass{k}_cpu_ms"] > 0
-        ):  # 0: under the clock's resolution
-            ratio = warm[f"pass{k}_cpu_ms"] / local_row[f"pass{k}_cpu_ms"]
+        ratio = cpu_clock.cpu_ratio(warm[f"pass{k}_cpu_ms"], local_row[f"pass{k}_cpu_ms"])
+        if ratio is not None:
             lines.append(
                 f"S3 warm pass {k} CPU per image {ratio:.2f}x the same shards from local disk, measured alike "
                 f"(target <= 1.10x): {'met' if ratio <= 1.10 else 'NOT met'}"
@@ -228,8 +226,8 @@ def s3_verdict(s3_rows: list[dict], rows: list[dict]) -> list[str]:
             f"{row['loader']}: peak cache {row['peak'] / 1e6:.1f} MB, limit {row['limit'] / 1e6:.1f} MB: "
             f"{'met' if ok else 'NOT met'}"
         )
-    if anchor["pass1_cpu_ms"] > 0 and cold["pass1_cpu_ms"] > 0:
-        ratio = cold["pass1_cpu_ms"] / anchor["pass1_cpu_ms"]
+    ratio = cpu_clock.cpu_ratio(cold["pass1_cpu_ms"], anchor["pass1_cpu_ms"])
+    if ratio is not None:
         lines.append(
             f"S3 cold CPU per image {ratio:.2f}x LitData's loader from the same bucket (target <= 1.00x): "
             f"{'met' if ratio <= 1.0 else 'NOT met'}"
