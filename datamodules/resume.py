@@ -299,13 +299,15 @@ class ResumableLoader(DataLoader):
                 epoch,
                 batches,
             )
-        batches = min(batches, len(self))
         if consumed is None:
             consumed = Segment(epoch, 0, 0, self.sampler.num_replicas, self.batch_size).consumed(
-                batches, self.sampler.size
+                min(batches, len(self)), self.sampler.size
             )
         # Lightning counts the epoch's batches up to len(self): the rest of the epoch begins at len(self) minus
-        # the batches it takes on this world (the batches already counted, unless the world changed).
+        # the batches it takes on this world (the batches already counted, unless the world changed). The
+        # shift is from Lightning's own count, which a checkpoint of a smaller world or batch size can hold
+        # past this world's len(self): moving it from a clamped count would leave it ahead, and Lightning would
+        # end the epoch before its last samples.
         base = len(self) - rank_batches(self.sampler.remaining(consumed), self.batch_size, self.drop_last)
         if base != batches and self.shift is not None:
             self.shift(base - batches)

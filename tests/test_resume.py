@@ -594,6 +594,18 @@ def test_a_loader_state_that_is_missing_or_disagrees_with_lightning_is_refused_a
     assert sorted(first + rest) == list(range(40))  # epoch 0: every sample once across the cut
 
 
+@pytest.mark.parametrize(("saved", "new_batch"), [(8, 6), (6, 8), (5, 12)])
+def test_a_resume_with_a_larger_batch_reads_the_rest_of_the_epoch_once(tmp_path, saved, new_batch):
+    """``saved`` batches of 4 consumed, resumed with batches of ``new_batch``: the epoch has fewer batches
+    now than Lightning has counted, and the samples left are still read, each once (Lightning ends an epoch
+    when its count reaches the epoch's length, so a count moved from a clamped one ended it early)."""
+    tree = forty_classes(tmp_path)
+    path = str(tmp_path / "cut.ckpt")
+    first = fit_labels(labelled_dm(tree), Labels(save=(saved, path)), max_steps=saved)[: 4 * saved]
+    rest = fit_labels(labelled_dm(tree, batch_size=new_batch), Labels(), path, max_epochs=1)
+    assert sorted(first + rest) == list(range(40))
+
+
 @pytest.mark.parametrize("batches", [-3, "3", 2.5, None, True])
 def test_an_unreadable_loader_state_is_refused_by_name(tmp_path, batches):
     loader = small_dm(simple_tree(tmp_path / "tree", per_class=5)).train_dataloader()
@@ -734,20 +746,21 @@ def samples_read(record, ranks: int) -> dict[int, list[tuple[int, int, int, str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("source", "before", "before_ranks", "after", "after_ranks"),
+    ("source", "before", "before_ranks", "after", "after_ranks", "kill"),
     [
-        ("folder", ["data.batch_size=4"], 1, ["trainer=ddp_sim", "data.batch_size=3"], 2),
-        ("shards", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
-        ("mix", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1),
+        # 1 rank, batches of 2, last.ckpt at step 6: Lightning's count (6) is past the 2-rank epoch's 5 batches
+        ("folder", ["data.batch_size=2"], 1, ["trainer=ddp_sim", "data.batch_size=4"], 2, 7),
+        ("shards", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1, 4),
+        ("mix", ["trainer=ddp_sim", "data.batch_size=3"], 2, ["data.batch_size=7"], 1, 4),
     ],
     ids=["1-rank-to-2", "shards-2-ranks-to-1", "mix-2-ranks-to-1"],  # 2 -> 1: over shards and a mix
 )
 def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
-    tmp_path, source, before, before_ranks, after, after_ranks
+    tmp_path, source, before, before_ranks, after, after_ranks, kill
 ):
-    """kill -9 after step 4 (last.ckpt at step 3), resumed on another number of processes with another batch
-    size: the interrupted epoch reads every sample once, each with its uninterrupted augmentation, and the
-    next epoch is the one a run started on the new world reads."""
+    """kill -9 after step ``kill`` (last.ckpt at the step of 3 before it), resumed on another number of
+    processes with another batch size: the interrupted epoch reads every sample once, each with its
+    uninterrupted augmentation, and the next epoch is the one a run started on the new world reads."""
     tree = simple_tree(tmp_path / "tree", classes=[f"c{k:02d}" for k in range(40)], per_class=1)
     data = [
         *source_options(source, tmp_path, tree, 0),
@@ -758,8 +771,9 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     ]
     reference = train(tmp_path, "reference", "reference", *data, *after)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    killed = train(tmp_path, "run", "killed", *data, *before, kill_after_step=4)
+    killed = train(tmp_path, "run", "killed", *data, *before, kill_after_step=kill)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    saved = kill - kill % 3  # the steps last.ckpt holds (every 3)
     resumed = train(tmp_path, "run", "resumed", *data, *after, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "the rest is split over this world, each sample once" in resumed.stderr + resumed.stdout
@@ -768,7 +782,7 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
     pixels = {label: digest for rank in ref.values() for epoch, _, label, digest in rank if epoch == 0}
     assert sorted(pixels) == list(range(40))
     consumed = [
-        r for rank in samples_read(tmp_path / "killed", before_ranks).values() for r in rank if r[1] < 3
+        r for rank in samples_read(tmp_path / "killed", before_ranks).values() for r in rank if r[1] < saved
     ]
     rest = samples_read(tmp_path / "resumed", after_ranks)
     epoch0 = consumed + [r for rank in rest.values() for r in rank if r[0] == 0]
