@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
-from feedline.cli.checkpoints import resolve_ckpt_path, resuming_into_own_dir
+from feedline.cli.checkpoints import loading_safely, resolve_ckpt_path, resuming_into_own_dir
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.run_dir import own_run_dir
 from feedline.cli.trainer_keys import check_trainer_keys, trainer_arguments
@@ -53,9 +53,9 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if throughput is not None and in_sweep:  # a sweep's jobs share one process: time each from its own start
         throughput.started = job_started
-    # feedline's checkpoints are the run's own files, holding the datamodule's config beside the weights
-    with resuming_into_own_dir(ckpt_path):
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+    # a checkpoint loads tensors and plain containers only (what feedline's hold), and the types the run allows
+    with resuming_into_own_dir(ckpt_path), loading_safely(ckpt_path, cfg.get("ckpt_safe_types")):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     summary = {
@@ -98,7 +98,13 @@ def _hydra_job() -> dict:
     if not HydraConfig.initialized():
         return {}
     hydra_cfg = HydraConfig.get()
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+    # an optional group named after a null choice (experiment_source@source: ${experiment}/${source} with no
+    # experiment) is recorded as "None/..." although nothing was loaded
+    choices = {
+        k: v
+        for k, v in hydra_cfg.runtime.choices.items()
+        if not k.startswith("hydra") and not str(v).startswith("None/")
+    }
     return {"choices": choices, "overrides": list(hydra_cfg.overrides.task)}
 
 

@@ -1,11 +1,21 @@
-"""``ckpt_path=last``: the newest checkpoint this run's output directory holds, whoever wrote it."""
+"""Resuming from a checkpoint: ``ckpt_path=last`` (the newest checkpoint this run's output directory holds,
+whoever wrote it), and what a checkpoint may hold when it is loaded.
+
+A checkpoint is loaded with ``torch.load(weights_only=True)``: tensors and plain containers only, which is all
+feedline's checkpoints hold (the data config is saved as plain containers, ``datamodules/parts.py``). Any other
+type in a pickle names code to run on load, so a checkpoint from elsewhere could run anything; such a type is
+refused by name unless the run allows it, ``ckpt_safe_types=[module.Type]`` (a file you trust).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import logging
 import os
+import pickle
+import re
 import warnings
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -44,3 +54,36 @@ def resuming_into_own_dir(ckpt_path: str | None):
         if ckpt_path is not None:
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         yield
+
+
+def _import(name: str, key: str = "ckpt_safe_types"):
+    module, _, attr = str(name).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(
+            f"{key}: {name!r} is not an importable class or function (give its dotted name, module.Type)"
+        ) from None
+
+
+@contextlib.contextmanager
+def loading_safely(ckpt_path: str | None, safe_types=()):
+    """Around ``trainer.fit(..., weights_only=True)``: the types ``safe_types`` names (dotted) load besides
+    tensors and plain containers; a checkpoint holding any other is refused with an error naming the type,
+    the file, and the key that allows it."""
+    import torch
+
+    allowed = [_import(name) for name in safe_types or ()]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    except pickle.UnpicklingError as err:
+        if ckpt_path is None:
+            raise
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        name = found.group(1) if found else "module.Type"
+        raise ValueError(
+            f"ckpt_path {ckpt_path} holds {found.group(1) if found else 'an object'}, which is not a tensor or "
+            "a plain container: loading it would run code the file names, so feedline does not. If you trust "
+            f"the file, allow it: ckpt_safe_types=[{name}]"
+        ) from None

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # unchanged; anything else is wrapped with the key and the _target_ that failed.
 _NAMES_A_KEY = re.compile(
     r"\b(source|data|transforms|collate|mix|model|trainer|callbacks|logger|paths|out|bench)\.\w+"
+    r"|\bckpt_(path|safe_types)\b"
 )
 
 

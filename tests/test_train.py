@@ -20,6 +20,9 @@ def test_fast_dev_run_on_a_generated_tree(make_cfg, tree, collate):
     summary = train(cfg)
     assert summary["metrics"]["train/loss"] > 0
     assert 0.0 <= summary["val_acc"] <= 1.0
+    # the choices made, and no optional group that was not loaded (experiment_source@source: "None/folder")
+    assert summary["choices"]["source"] == "folder" and summary["choices"]["collate"] == collate
+    assert "experiment_source@source" not in summary["choices"]
 
 
 def test_fast_dev_run_with_workers(make_cfg, tree):
@@ -169,3 +172,51 @@ def test_a_mix_declared_in_yaml_trains_and_reports_each_part(make_cfg, tree, tmp
     assert {"val/acc/base", "val/acc/hard"} <= set(summary["metrics"])
     with open(tmp_path / "out" / "summary.json") as f:
         assert json.load(f)["drawn_per_epoch"] == {"base": 1800, "hard": 200}
+
+
+class _OpensAFile:
+    """Pickles as ``open(path, "w")``: what a checkpoint from elsewhere could make ``torch.load`` run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize(
+    "planted, named",
+    [(lambda tmp: __import__("pathlib").PurePosixPath(tmp), "pathlib.PurePosixPath"), (None, "io.open")],
+    ids=["a-path", "code-on-load"],
+)
+def test_a_checkpoint_holding_other_types_is_refused_by_name_and_loads_once_allowed(
+    make_cfg, tree, tmp_path, planted, named
+):
+    import torch
+
+    run = [
+        "source=folder",
+        f"source.root={tree}",
+        "transforms=digits",
+        "trainer.accelerator=cpu",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+    ]
+    train(make_cfg(*run, "trainer.max_epochs=1"))
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)  # feedline's own: tensors and plain containers
+    marker = tmp_path / "ran"
+    checkpoint["planted"] = planted(tmp_path) if planted else _OpensAFile(marker)
+    torch.save(checkpoint, last)
+    with pytest.raises(
+        ValueError, match=rf"holds {named}, which is not a tensor .* allow it: ckpt_safe_types=\[{named}\]"
+    ):
+        train(make_cfg(*run, "trainer.max_epochs=2", "ckpt_path=last"))
+    assert not marker.exists()  # refused before anything it names ran
+    if planted:  # allowed by name, it loads and the run goes on
+        summary = train(
+            make_cfg(*run, "trainer.max_epochs=2", "ckpt_path=last", f"ckpt_safe_types=[{named}]")
+        )
+        assert summary["metrics"]["train/loss"] > 0
