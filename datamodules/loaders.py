@@ -59,6 +59,15 @@ _DEFAULTS = DataConfig  # the data.* defaults are written once, in the typed sch
 _STAGES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
 
+def check_stage_names(stages, key: str) -> tuple[str, ...]:
+    if isinstance(stages, str):
+        stages = [stages]
+    unknown = [stage for stage in stages if stage not in _STAGES]
+    if unknown:
+        raise ValueError(f"{key}: unknown stage {unknown[0]!r}; the stages are {', '.join(_STAGES)}")
+    return tuple(stages)
+
+
 def check_part_sizes(dataset: SampleDataset, own: dict) -> None:
     """A mix whose parts have their own train stacks: one sample of each part through its stack, before
     training, so that a stack ending at another size is named by its key (the batch would fail at its first
@@ -111,6 +120,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         memory_format: str = _DEFAULTS.memory_format,
         seed: int | None = _DEFAULTS.seed,
         resume: str = _DEFAULTS.resume,
+        stages: list[str] | None = _DEFAULTS.stages,
     ):
         super().__init__()
         missing = unrebuildable({"source": source, "transforms": transforms, "collate": collate})
@@ -147,6 +157,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         self.memory_format = parse_memory_format(memory_format)
         self.seed = check_seed(seed)
         self.resume = check_resume_mode(resume)
+        self._stages_ahead = check_stage_names(stages or (), "data.stages")  # built by the first setup()
         self.position = Position()  # the train loader's, in its epoch; saved through the loader's state_dict
         resolve_num_workers(num_workers)  # fail on a bad value now, not when the first loader is built
         resolve_pin_memory(pin_memory, False)
@@ -174,6 +185,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
                 "memory_format": memory_format,
                 "seed": seed,
                 "resume": self.resume,
+                "stages": list(stages) if stages else None,
             }
         )
 
@@ -205,17 +217,16 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         missing or empty one (no test split, no ``data.predict_root``) fails before any work starts, not after
         ``fit``. Runs ``prepare_data()`` first, in the calling process (the first ``prepare_data()`` after it is
         then skipped); the splits built here are the ones the run uses."""
-        unknown = [stage for stage in stages if stage not in _STAGES]
-        if unknown:
-            raise ValueError(
-                f"check_stages: unknown stage {unknown[0]!r}; the stages are {', '.join(_STAGES)}"
-            )
+        check_stage_names(stages, "check_stages")
         self.prepare_data()
         self._prepared_early = True
         for stage in stages:
             self.setup(stage)
 
     def setup(self, stage: str | None = None) -> None:
+        ahead, self._stages_ahead = self._stages_ahead, ()
+        for declared in ahead:  # data.stages: every split the run will use, at the first setup()
+            self.setup(declared)
         self._bind_mix()
         for split in _STAGES.get(stage or "fit", ("train", "val")):
             if split not in self.datasets:

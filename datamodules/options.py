@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List
 
 # Functional form, because `raise` cannot be a class attribute.
 OnBadSample = Enum("OnBadSample", {"skip": "skip", "raise": "raise"})
@@ -49,3 +49,6 @@ class DataConfig:
     memory_format: str = "contiguous"  # image batches on the device, every split: contiguous | channels_last
     seed: Optional[int] = None  # noqa: UP045 - train order and augmentation; null: the run's seed, else 0
     resume: str = "strict"  # loader state that does not fit the run: strict (refuse) | lenient (warn, go on)
+    # the stages a run will use (fit, validate, test, predict): the first setup() builds every split they need,
+    # so a missing test split fails before training; null: each split is built when its stage starts
+    stages: Optional[List[str]] = None  # noqa: UP006, UP045

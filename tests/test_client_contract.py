@@ -207,6 +207,26 @@ def test_check_stages_fails_on_a_split_a_later_stage_lacks_before_any_work(tree)
         ImageDataModule(FolderSource(tree), num_workers=0).check_stages("tset")
 
 
+def test_data_stages_fails_at_the_first_setup_on_a_split_a_later_stage_lacks(tree):
+    """A project that cannot call check_stages (lightning-hydra-template's train.py: fit, then test) names
+    its stages in config: fit's setup builds the test split too, and fails before the first step."""
+    trainer = L.Trainer(
+        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    model = TinyClassifier()
+    dm = ImageDataModule(FolderSource(tree), num_workers=0, batch_size=4, stages=["fit", "test"])
+    with pytest.raises(ValueError, match=r"no test split: set source\.test_root=.* or source\.test_fraction"):
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 0 and "test" not in dm.datasets
+    dm = ImageDataModule(
+        FolderSource(tree, test_fraction=0.34), num_workers=0, batch_size=4, stages=["fit", "test"]
+    )
+    trainer.fit(model, datamodule=dm)
+    assert sorted(dm.datasets) == ["test", "train", "val"]  # built by fit's setup, used by test's
+    with pytest.raises(ValueError, match=r"data\.stages: unknown stage 'tset'"):
+        ImageDataModule(FolderSource(tree), stages=["fit", "tset"])
+
+
 def test_a_run_after_check_stages_uses_its_splits_and_prepares_once(tree, monkeypatch):
     source = FolderSource(tree, test_fraction=0.34)
     prepared = []
