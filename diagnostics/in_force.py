@@ -16,6 +16,7 @@ UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused sha
 FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
 ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files
 OBJECT_STORE = "object storage"  # shards from a URL, through the chunk cache: a local HDF5 is no cure
+SHARDS = "shards"  # the source reads shards (local or a URL): a conversion keeps that format
 EVERY_CPU = "every cpu"  # the loader already has a worker per CPU
 
 
@@ -31,8 +32,10 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
         found.add(FLOAT_ON_DEVICE)
     if type(datamodule.source).__name__ == "HDF5Source":
         found.add(ONE_FILE)
-    if type(datamodule.source).__name__ == "ShardsSource" and is_url(getattr(datamodule.source, "path", "")):
-        found.add(OBJECT_STORE)
+    if type(datamodule.source).__name__ == "ShardsSource":
+        found.add(SHARDS)
+        if is_url(getattr(datamodule.source, "path", "")):
+            found.add(OBJECT_STORE)
     if workers >= cpus:
         found.add(EVERY_CPU)
     return found

@@ -25,6 +25,7 @@ from feedline.diagnostics.in_force import (
     OBJECT_STORE,
     ONE_FILE,
     REDUCED_DECODE,
+    SHARDS,
     UINT8_BATCHES,
 )
 from feedline.diagnostics.loader_bench import STAGE_NAMES
@@ -78,15 +79,28 @@ SUGGEST = {
             JPEG,
             moot_if=(REDUCED_DECODE,),
         ),
-        Advice("re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5", JPEG),
+        Advice(
+            "re-encode smaller once: python convert.py ... out.max_side=256, then source=hdf5",
+            JPEG,
+            moot_if=(SHARDS,),
+        ),
         Advice(
             "skip decoding entirely: python convert.py ... out.mode=raw out.max_side=256, then source=hdf5",
             ENCODED,
+            moot_if=(SHARDS,),
         ),
         Advice(
             "or re-encode as JPEG once: python convert.py ... out.max_side=256 re-encodes each image larger than "
             "that at out.quality (lossy; smaller ones keep their bytes), then source=hdf5",
             NOT_JPEG,
+            moot_if=(SHARDS,),
+        ),
+        Advice(  # shards stay shards, where they are (a disk or a bucket): the format is the user's choice
+            "re-encode smaller once, as shards again: python convert.py source=shards source.path=<these shards> "
+            "out.format=shards out.path=<a new path or s3:// prefix> out.max_side=256 (JPEG at out.quality), "
+            "then source.path=<that path>",
+            ENCODED,
+            only_if=(SHARDS,),
         ),
         Advice(
             "more workers, if CPUs are free (bench.workers=sweep shows the curve)", moot_if=(EVERY_CPU, SWEPT)

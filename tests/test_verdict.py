@@ -94,7 +94,7 @@ def test_shards_from_object_storage_are_not_told_to_convert_to_a_local_hdf5():
     """I/O-bound shards read from s3://: the advice is the node's chunk cache, not a local HDF5 or local disk."""
     from types import SimpleNamespace
 
-    from feedline.diagnostics.in_force import OBJECT_STORE, in_force
+    from feedline.diagnostics.in_force import OBJECT_STORE, SHARDS, in_force
 
     class ShardsSource(SimpleNamespace):  # in_force reads the source's type name and path only
         pass
@@ -114,6 +114,15 @@ def test_shards_from_object_storage_are_not_told_to_convert_to_a_local_hdf5():
     assert not any("train.h5" in s or "put the data on local disk" in s for s in remote), remote
     assert any("source.cache_limit" in s for s in remote), remote
     assert not any("source.cache_limit" in s for s in diagnose(io, 100, 1, 2)["suggestions"])
+    # decode-bound shards, local or in a bucket: re-encode as shards again, never "then source=hdf5"
+    assert SHARDS in in_force(datamodule("s3://bucket/train-shards"), 1, 2)
+    assert SHARDS in in_force(datamodule("/data/train-shards"), 1, 2)
+    decode = _breakdown(read=0.05, decode=0.8, transform=0.1, collate=0.05)
+    for done in ({SHARDS, OBJECT_STORE}, {SHARDS}):
+        advice = diagnose(decode, 1000, 1, 2, done=done)["suggestions"]
+        assert not any("source=hdf5" in s for s in advice), advice
+        assert any("out.format=shards" in s and "out.max_side=256" in s for s in advice), advice
+    assert any("source=hdf5" in s for s in diagnose(decode, 1000, 1, 2)["suggestions"])
 
 
 def test_bench_reads_what_the_pipeline_already_does(make_cfg, tmp_path):
