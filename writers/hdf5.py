@@ -18,13 +18,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import h5py
 import numpy as np
-from tqdm.auto import tqdm
 
 from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
 from feedline.writers.prepare import init_worker, prepare_chunk
+from feedline.writers.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str
                 ProcessPoolExecutor(
                     workers, initializer=init_worker, initargs=(records, options, os.getpid())
                 ) as pool,
-                tqdm(total=n, desc=f"converting to {os.path.basename(out_path)}", unit="img") as bar,
+                progress(n, f"converting to {os.path.basename(out_path)}", "img") as bar,
             ):
                 for results in pool.map(prepare_chunk, tasks):
                     rows = [(p, lab) for p, lab, err in results if err is None]
