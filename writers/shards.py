@@ -32,12 +32,13 @@ import traceback
 import numpy as np
 from tqdm.auto import tqdm
 
-from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, is_complete, load_index, part_name
+from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, part_name
 from feedline.datasets.stores import S3Store, is_url
 from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
 from feedline.writers.lock import writer_lock
 from feedline.writers.options import WriteOptions
+from feedline.writers.target import check_replaceable, names_at
 from feedline.writers.upload import check_remote_target, upload
 
 log = logging.getLogger(__name__)
@@ -69,28 +70,8 @@ def check_target(options: WriteOptions) -> str:
             f"out.path={os.path.dirname(target)} holds a whole shards dataset: its parts go elsewhere "
             f"(another out.path), or remove it first"
         )
-    if os.path.isdir(target) and os.listdir(target) and not is_complete(target):
-        raise ValueError(
-            f"out.path: {target} is a directory that holds other files, not a shards dataset: it is never "
-            f"overwritten; choose an empty or new directory"
-        )
-    others = sorted(set(os.listdir(target)) - own_files(target)) if is_complete(target) else []
-    if others:  # the dataset is replaced whole: these would go with it
-        raise ValueError(
-            f"out.path: {target} holds a shards dataset and files of its own ({', '.join(others[:5])}"
-            f"{' ...' if len(others) > 5 else ''}): converting again replaces the directory whole, so it is "
-            f"never overwritten; move them out, or choose another out.path"
-        )
+    check_replaceable(target, names_at(target), target)  # the directory is replaced whole: only its own files
     return target
-
-
-def own_files(directory: str) -> set[str]:
-    """The names a shards dataset's directory holds: its chunks (as index.json lists them) and its sidecar."""
-    try:
-        chunks = {str(chunk.get("filename")) for chunk in load_index(directory)}
-    except (OSError, ValueError, RuntimeError, AttributeError):  # unreadable: nothing is taken for its own
-        return set()
-    return chunks | {"index.json", SIDECAR, LABELS, "skipped.tsv"}
 
 
 def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
