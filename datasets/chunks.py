@@ -11,204 +11,111 @@
 
 ``index.json`` is written last (LitData's writer), and feedline renames a dataset into place only once it
 and the sidecar exist, so a directory without them is not a dataset. Samples are numbered across the chunks
-in ``index.json``'s order, and across parts in part order. A chunk is mapped on first use in the process
-that reads it and checked against ``index.json`` (size, sample count, layout): a missing or truncated chunk
-stops the run naming its path; a malformed sample inside one is a bad sample (``OSError``).
+in ``index.json``'s order, and across parts in part order (``shard_parts.py``). What the three small files
+say is checked where they are read (``shard_meta.py``); a chunk is checked against them when first opened in
+the process that reads it (size, sample count, offsets table) and each sample against labels.npy, so a
+missing, truncated or swapped chunk stops the run naming its path or URL; a malformed sample inside one is a
+bad sample (``OSError``).
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import json
 import mmap
 import os
-import re
+import stat
 import struct
 
 import numpy as np
 
-from feedline.datasets.stores import LocalStore
+from feedline.datasets.shard_meta import (
+    AGAIN,
+    FORMAT,
+    LABELS,
+    SIDECAR,
+    ChunkError,
+    as_store,
+    index_identity,
+    load_index,
+    load_labels,
+    read_sidecar,
+)
+from feedline.datasets.shard_parts import PART, dataset_dirs, dataset_parts, is_complete, part_name
 
-SIDECAR = "feedline.json"
-LABELS = "labels.npy"
-FORMAT = "feedline-shards/1"
-PART = re.compile(r"part-(\d{5})-of-(\d{5})")
+__all__ = [  # what readers, writers and tests import from here; each lives in its own module
+    "ARROW_TAIL",
+    "FORMAT",
+    "LABELS",
+    "PART",
+    "SIDECAR",
+    "ChunkError",
+    "Chunks",
+    "as_store",
+    "dataset_dirs",
+    "dataset_parts",
+    "index_identity",
+    "is_complete",
+    "load_index",
+    "part_name",
+    "read_sidecar",
+]
+
 ARROW_TAIL = b"LDARW01\0"  # LitData's Arrow-footer chunks end so: their rows are not in the offsets table
-OPEN_MAPS = 64  # chunks mapped at once per process (each holds a file descriptor)
-
-
-class ChunkError(RuntimeError):
-    """A chunk is missing, truncated, or not in the layout feedline reads: the dataset, not a sample, is bad."""
-
-
-def part_name(part: int, parts: int) -> str:
-    return f"part-{int(part):05d}-of-{int(parts):05d}"
-
-
-def as_store(where):
-    """A store (``stores.py``) as it is, a local directory's path as a ``LocalStore``."""
-    return where if hasattr(where, "read") else LocalStore(str(where))
-
-
-def is_complete(where, rel: str = "") -> bool:
-    store = as_store(where)
-    return store.exists(_join(rel, "index.json")) and store.exists(_join(rel, SIDECAR))
-
-
-def _join(rel: str, name: str) -> str:
-    return f"{rel}/{name}" if rel else name
-
-
-def dataset_parts(where, key: str = "source.path") -> list[str]:
-    """The directories of the dataset in ``where`` (a path or a store), relative to it: itself (``""``), or its
-    parts in part order once all are complete."""
-    store = as_store(where)
-    if is_complete(store):
-        return [""]
-    path = store.where()
-    found: dict[int, dict[int, str]] = collections.defaultdict(dict)
-    for name in store.children():
-        match = PART.fullmatch(name)
-        if match:
-            found[int(match[2])][int(match[1])] = name
-    if not found:
-        why = (
-            "its conversion is unfinished or was killed, or LitData wrote it without feedline's sidecar"
-            if store.exists("index.json")
-            else ""
-        )
-        raise FileNotFoundError(
-            f"{key} '{path}' is not a shards dataset: no index.json and {SIDECAR} (nor part-*-of-* folders)"
-            f"{' (' + why + ')' if why else ''}; write one with python convert.py source=... out.format=shards "
-            f"out.path={path}"
-        )
-    if len(found) > 1:
-        counts = ", ".join(f"of {n}" for n in sorted(found))
-        raise ValueError(
-            f"{key} '{path}' holds parts of conversions split differently ({counts}): keep the folders of one "
-            f"out.parts and remove the others"
-        )
-    parts, dirs = next(iter(found.items()))
-    missing = [k for k in range(parts) if k not in dirs or not is_complete(store, dirs[k])]
-    if missing:
-        names = ", ".join(part_name(k, parts) for k in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        verb = "is" if len(missing) == 1 else "are"
-        raise FileNotFoundError(
-            f"{key} '{path}' is a dataset in {parts} parts, and {len(missing)} {verb} missing or unfinished: {names}. "
-            f"Run python convert.py ... out.path={path} out.part=K out.parts={parts} for each"
-        )
-    return [dirs[k] for k in range(parts)]
-
-
-def dataset_dirs(path: str, key: str = "source.path") -> list[str]:
-    """The local directories of the dataset at ``path``: itself, or its parts in part order."""
-    store = LocalStore(str(path))
-    return [store.where(rel) for rel in dataset_parts(store, key)]
-
-
-def load_index(where, rel: str = "") -> list[dict]:
-    """The chunks of the dataset directory ``rel`` of ``where`` (a path or a store), from its index.json, once
-    the layout is one feedline reads."""
-    store = as_store(where)
-    where = store.where(_join(rel, "index.json"))
-    index = _json(store, _join(rel, "index.json"), ChunkError)
-    if not isinstance(index.get("chunks"), list):
-        raise ChunkError(f"{where}: no list of chunks; copy the dataset again, or convert it again")
-    config = index.get("config") or {}
-    for name in ("compression", "encryption"):
-        if config.get(name):
-            raise ChunkError(
-                f"{where}: {name}={config[name]!r}; feedline reads uncompressed, unencrypted chunks (the images are "
-                f"compressed files already). Write the dataset again with python convert.py out.format=shards"
-            )
-    if config.get("item_loader") != "PyTreeLoader" or list(config.get("data_format") or []) != [
-        "bytes",
-        "int",
-    ]:
-        raise ChunkError(
-            f"{where}: samples of {config.get('data_format')} read by {config.get('item_loader')}; feedline reads "
-            f"(image bytes, int label) samples as python convert.py out.format=shards writes them"
-        )
-    return list(index["chunks"])
-
-
-def _json(store, rel: str, error: type[Exception]) -> dict:
-    """The JSON object in ``rel`` of ``store``, or ``error`` naming the file (a garbled or truncated copy)."""
-    where = store.where(rel)
-    try:
-        value = json.loads(store.read(rel))
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise error(
-            f"{where} is not readable JSON ({err}): copy the dataset again, or convert it again"
-        ) from None
-    if not isinstance(value, dict):
-        raise error(
-            f"{where} holds {type(value).__name__}, not a JSON object: copy or convert the dataset again"
-        )
-    return value
-
-
-def index_identity(directory: str) -> tuple[int, int]:
-    """(inode, mtime_ns) of ``directory``'s index.json: a new conversion writes a new one."""
-    st = os.stat(os.path.join(directory, "index.json"))
-    return st.st_ino, st.st_mtime_ns
-
-
-def read_sidecar(where, rel: str = "") -> dict:
-    store = as_store(where)
-    sidecar = _json(store, _join(rel, SIDECAR), ValueError)
-    if sidecar.get("format") != FORMAT:
-        raise ValueError(
-            f"{store.where(_join(rel, SIDECAR))}: format {sidecar.get('format')!r}, not {FORMAT!r}"
-        )
-    classes = sidecar.get("classes")
-    if not isinstance(classes, list) or not isinstance(sidecar.get("samples"), int):
-        raise ValueError(
-            f"{store.where(_join(rel, SIDECAR))}: no list of classes and count of samples; convert the dataset "
-            f"again"
-        )
-    return sidecar
+OPEN_MAPS = 64  # chunks open at once per process (a local one holds a file descriptor)
+SAMPLE_HEAD = 16  # a sample's two uint32 sizes and its int64 label: no sample is shorter
 
 
 class Chunks:
     """The chunks of one dataset (its parts concatenated): sample ``row`` -> (image bytes, label).
 
-    Pickles as paths and numbers, O(chunks); maps are opened lazily, in the process that reads, at most
-    ``OPEN_MAPS`` at a time (least recently used closed first)."""
+    The one read path of every shards dataset, local or not: each check is made here, once. A chunk is opened
+    on first use in the process that reads (at most ``OPEN_MAPS`` at a time, least recently used closed
+    first) and checked: its dataset is still the one the run read (``_check_current``), its size is the one
+    index.json gives, its head holds the sample count index.json lists and an offsets table that tiles the
+    chunk exactly. Every sample read is checked for its sizes, and its label against the one labels.npy
+    records for its row, so a chunk in the place of another (copied over it, index.json's entries reordered)
+    is refused. The bytes come from the primitives below: here, a local chunk memory-mapped; in
+    ``cached_chunks.CachedChunks``, one read of a chunk in the node's cache of an object store.
 
-    def __init__(self, files: list[str], sizes, nbytes, identity: dict | None = None, labels=None):
+    Pickles as paths and numbers, O(chunks + parts)."""
+
+    AGAIN = AGAIN  # what to do about a chunk that is missing or not what index.json says
+
+    def __init__(
+        self, files: list[str], sizes, nbytes, parts=(0,), labels=None, identity: dict | None = None
+    ):
         self.files = list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.parts = [int(first) for first in parts]  # each part's first chunk
+        # per part, (labels.npy to map, its name in messages): every sample read is checked against it
+        self.label_files = [tuple(entry) for entry in labels] if labels else []
         # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
         # while its dataset is still that one (not converted again to the same out.path meanwhile)
         self.identity = dict(identity or {})
-        # (labels.npy path, first row) per directory, and each chunk's directory: every sample read is checked
-        # against the label the dataset recorded for its row (a chunk in the place of another is refused)
-        self.label_files = list(labels) if labels else []
         self._labels: dict[int, np.ndarray] = {}
-        self._first_chunks = [int(first_chunk) for _, _, first_chunk in self.label_files]
         self._maps: collections.OrderedDict | None = None
         self._pid = None
 
     @classmethod
     def of(cls, directories: list[str]) -> Chunks:
-        files, sizes, nbytes, identity, labels = [], [], [], {}, []
+        files, sizes, nbytes, parts, identity = [], [], [], [], {}
         for directory in directories:
             identity[directory] = index_identity(directory)
-            labels.append((os.path.join(directory, LABELS), sum(sizes), len(files)))
+            parts.append(len(files))
             for chunk in load_index(directory):
                 files.append(os.path.join(directory, chunk["filename"]))
-                sizes.append(int(chunk["chunk_size"]))
-                nbytes.append(int(chunk["chunk_bytes"]))
-        if not all(os.path.isfile(path) for path, _, _ in labels):
+                sizes.append(chunk["chunk_size"])
+                nbytes.append(chunk["chunk_bytes"])
+        labels = [(os.path.join(d, LABELS),) * 2 for d in directories]
+        if not all(os.path.isfile(path) for path, _ in labels):
             labels = None  # being written (the writer reads the labels back from the chunks)
-        return cls(files, sizes, nbytes, identity, labels)
+        return cls(files, sizes, nbytes, parts, labels, identity)
 
     def __getstate__(self):
-        return self.files, self.sizes, self.nbytes, self.identity, self.label_files
+        return self.files, self.sizes, self.nbytes, self.parts, self.label_files, self.identity
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -216,6 +123,11 @@ class Chunks:
     @property
     def total(self) -> int:
         return int(self.starts[-1])
+
+    def part_totals(self) -> list[tuple[int, int]]:
+        """(chunks, samples) of each part."""
+        bounds = [*self.parts, len(self.files)]
+        return [(b - a, int(self.starts[b] - self.starts[a])) for a, b in zip(bounds, bounds[1:])]
 
     def chunk_of(self, rows) -> np.ndarray:
         """The chunk of each row (vectorised)."""
@@ -225,26 +137,123 @@ class Chunks:
         c = int(np.searchsorted(self.starts, row, side="right")) - 1
         return c, int(row - self.starts[c])
 
-    def check_files(self) -> None:
-        """Every chunk present with the size index.json gives it (one stat each), or a ChunkError naming it."""
-        for c in range(len(self.files)):
-            self._checked_size(c)
+    def where(self, row: int) -> str:
+        c, j = self.locate(row)
+        return f"{self.name(c)}[{j}]"
 
-    def _checked_size(self, c: int) -> None:
-        path = self.files[c]
-        try:
-            size = os.stat(path).st_size
-        except FileNotFoundError:
-            raise ChunkError(
-                f"chunk {path} is missing (index.json lists it): copy the dataset again, or convert it again"
-            ) from None
+    # -- the checks: one path for every backend -------------------------------------------------------------
+    def check_files(self) -> None:
+        """Every chunk present with the size index.json gives it, or a ChunkError naming it."""
+        for c in range(len(self.files)):
+            self._checked_size(c, self._size_now(c))
+
+    def _checked_size(self, c: int, size: int | None) -> None:
+        if size is None:
+            raise ChunkError(f"chunk {self.name(c)} is missing (index.json lists it): {self.AGAIN}")
         if size != int(self.nbytes[c]):
             raise ChunkError(
-                f"chunk {path} holds {size} bytes, index.json says {int(self.nbytes[c])}: it is truncated or was "
-                f"replaced; copy the dataset again, or convert it again"
+                f"chunk {self.name(c)} holds {size} bytes, index.json says {int(self.nbytes[c])}: it is truncated "
+                f"or was replaced; {self.AGAIN}"
             )
 
-    def _checked_dataset(self, c: int) -> None:
+    def _open(self, c: int):
+        """(handle, offsets) of chunk ``c`` in this process, checked when first opened."""
+        if self._pid != os.getpid():  # first use in this process: never a map inherited through fork
+            self._maps, self._pid = collections.OrderedDict(), os.getpid()
+        if c in self._maps:
+            self._maps.move_to_end(c)
+            return self._maps[c]
+        self._check_current(c)
+        self._checked_size(c, self._size_now(c))
+        n, size = int(self.sizes[c]), int(self.nbytes[c])
+        wrong = ChunkError(
+            f"chunk {self.name(c)} does not hold the {n} samples index.json lists: convert it again"
+        )
+        if 4 * (n + 2) > size:  # not even its offsets fit: never read past its end
+            raise wrong
+        handle = self._open_chunk(c)
+        head = self._bytes(c, handle, 0, 4 * (n + 2))
+        offsets = np.frombuffer(head, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
+        if struct.unpack_from("<I", head, 0)[0] != n or offsets[0] != 4 * (n + 2):
+            raise wrong
+        if n and (offsets[0] == offsets[-1] or bytes(self._bytes(c, handle, size - 8, 8)) == ARROW_TAIL):
+            raise ChunkError(
+                f"chunk {self.name(c)} keeps its samples in an Arrow footer (LitData writes dicts so when pyarrow "
+                f"is installed); feedline reads (image bytes, label) tuples: write it with python convert.py "
+                f"out.format=shards"
+            )
+        if offsets[-1] != size or np.any(np.diff(offsets) < SAMPLE_HEAD):
+            raise ChunkError(
+                f"chunk {self.name(c)}: its table of sample offsets does not tile its {size} bytes (it ends at "
+                f"{int(offsets[-1])}, or a sample is shorter than {SAMPLE_HEAD} bytes): it is damaged; {self.AGAIN}"
+            )
+        self._maps[c] = (handle, offsets)
+        while len(self._maps) > OPEN_MAPS:
+            self._maps.popitem(last=False)  # a map is closed once the last view of it is gone
+        return self._maps[c]
+
+    def read(self, row: int) -> tuple[np.ndarray, int]:
+        c, j = self.locate(row)
+        handle, offsets = self._open(c)
+        start = int(offsets[j])
+        data = self._bytes(c, handle, start, int(offsets[j + 1]) - start)
+        size, label_size = struct.unpack_from("<II", data, 0)
+        if label_size != 8 or SAMPLE_HEAD + size != len(data):
+            raise OSError(
+                f"{self.where(row)}: malformed sample (sizes {size}, {label_size} in {len(data)} bytes)"
+            )
+        label = struct.unpack_from("<q", data, 8 + size)[0]
+        if self.label_files:
+            self._check_label(row, c, j, label)
+        return np.frombuffer(data, dtype=np.uint8, count=size, offset=8), label
+
+    def _check_label(self, row: int, c: int, j: int, label: int) -> None:
+        """The sample's label is the one labels.npy records for its row (mapped once per process), or a
+        ChunkError: the chunk is not the one written there (another of the same size copied over it, index.json
+        entries reordered), and its samples are not the rows the splits were drawn over."""
+        d = bisect.bisect_right(self.parts, c) - 1  # the part of chunk c
+        path, shown = self.label_files[d]
+        if d not in self._labels:
+            self._labels[d] = load_labels(path)
+        first = int(self.starts[self.parts[d]])
+        expected = int(self._labels[d][row - first]) if row - first < len(self._labels[d]) else None
+        if label != expected:
+            raise ChunkError(
+                f"chunk {self.name(c)}: sample {j} holds label {label}, but {shown} records {expected} for it: the "
+                f"chunk is not the one written there (another chunk copied over it, or index.json edited); "
+                f"{self.AGAIN}"
+            )
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label, read from the chunks (what the writer records in labels.npy)."""
+        out = np.empty(self.total, dtype=np.int64)
+        for c in range(len(self.files)):
+            handle, offsets = self._open(c)
+            data = np.frombuffer(self._bytes(c, handle, 0, int(self.nbytes[c])), dtype=np.uint8)
+            starts = offsets[:-1]
+            sizes = np.zeros(len(starts), dtype=np.int64)
+            for k in range(4):
+                sizes |= data[starts + k].astype(np.int64) << (8 * k)
+            at = starts + 8 + sizes
+            out[self.starts[c] : self.starts[c + 1]] = [struct.unpack_from("<q", data, int(a))[0] for a in at]
+        return out
+
+    # -- the primitives: where a chunk's bytes come from (here, a local file, memory-mapped) ------------------
+    def name(self, c: int) -> str:
+        """Chunk ``c`` in messages: its path (or URL)."""
+        return self.files[c]
+
+    def _size_now(self, c: int) -> int | None:
+        """Chunk ``c``'s size in bytes as it is now (None: missing)."""
+        try:
+            st = os.stat(self.files[c])
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise ChunkError(f"chunk {self.files[c]} is not a regular file: {self.AGAIN}")
+        return st.st_size
+
+    def _check_current(self, c: int) -> None:
         """The chunk's dataset is the one this run read (one stat of its index.json), or a ChunkError: a
         conversion to the same out.path replaced it, and its chunks, of the same names and maybe sizes, hold
         other samples than the rows and splits this run drew from the old one."""
@@ -263,77 +272,11 @@ class Chunks:
                 f"a run reads the old one"
             )
 
-    def _map(self, c: int):
-        if self._pid != os.getpid():  # first use in this process: never a map inherited through fork
-            self._maps, self._pid = collections.OrderedDict(), os.getpid()
-        if c in self._maps:
-            self._maps.move_to_end(c)
-            return self._maps[c]
-        self._checked_dataset(c)
-        self._checked_size(c)
-        path, n = self.files[c], int(self.sizes[c])
-        with open(path, "rb") as f:
+    def _open_chunk(self, c: int):
+        with open(self.files[c], "rb") as f:
             # copy-on-write: views are writable (torch takes them without a copy or a warning); nothing writes
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        offsets = np.frombuffer(m, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
-        if struct.unpack_from("<I", m, 0)[0] != n or offsets[0] != 4 * (n + 2) or offsets[-1] > len(m):
-            raise ChunkError(f"chunk {path} does not hold the {n} samples index.json lists: convert it again")
-        if n and (offsets[0] == offsets[-1] or m[-len(ARROW_TAIL) :] == ARROW_TAIL):
-            raise ChunkError(
-                f"chunk {path} keeps its samples in an Arrow footer (LitData writes dicts so when pyarrow is "
-                f"installed); feedline reads (image bytes, label) tuples: write it with python convert.py "
-                f"out.format=shards"
-            )
-        self._maps[c] = (m, offsets)
-        while len(self._maps) > OPEN_MAPS:
-            self._maps.popitem(last=False)  # closed once the last view of it is gone
-        return self._maps[c]
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
 
-    def read(self, row: int) -> tuple[np.ndarray, int]:
-        c, j = self.locate(row)
-        m, offsets = self._map(c)
-        start, stop = int(offsets[j]), int(offsets[j + 1])
-        size, label_size = struct.unpack_from("<II", m, start)
-        if label_size != 8 or start + 16 + size != stop:
-            raise OSError(
-                f"{self.where(row)}: malformed sample (sizes {size}, {label_size} in {stop - start} bytes)"
-            )
-        image = np.frombuffer(m, dtype=np.uint8, count=size, offset=start + 8)
-        label = struct.unpack_from("<q", m, start + 8 + size)[0]
-        if self.label_files:
-            self._check_label(row, c, j, label)
-        return image, label
-
-    def _check_label(self, row: int, c: int, j: int, label: int) -> None:
-        """The sample's label is the one labels.npy records for its row (mapped once per process), or a
-        ChunkError: the chunk is not the one written there (another of the same size copied over it, index.json
-        entries reordered), and its samples are not the rows the splits were drawn over."""
-        d = bisect.bisect_right(self._first_chunks, c) - 1  # the directory (part) of chunk c
-        path, first, _ = self.label_files[d]
-        if d not in self._labels:
-            self._labels[d] = np.load(path, mmap_mode="r")
-        expected = int(self._labels[d][row - first])
-        if label != expected:
-            raise ChunkError(
-                f"chunk {self.files[c]}: sample {j} holds label {label}, but {path} records {expected} for it: the "
-                f"chunk is not the one written there (another chunk copied over it, or index.json edited); copy "
-                f"the dataset again, or convert it again"
-            )
-
-    def labels(self) -> np.ndarray:
-        """Every sample's label, read from the chunks (what the writer records in labels.npy)."""
-        out = np.empty(self.total, dtype=np.int64)
-        for c in range(len(self.files)):
-            m, offsets = self._map(c)
-            data = np.frombuffer(m, dtype=np.uint8)
-            starts = offsets[:-1]
-            sizes = np.zeros(len(starts), dtype=np.int64)
-            for k in range(4):
-                sizes |= data[starts + k].astype(np.int64) << (8 * k)
-            at = starts + 8 + sizes
-            out[self.starts[c] : self.starts[c + 1]] = [struct.unpack_from("<q", m, int(a))[0] for a in at]
-        return out
-
-    def where(self, row: int) -> str:
-        c, j = self.locate(row)
-        return f"{self.files[c]}[{j}]"
+    def _bytes(self, c: int, handle, offset: int, length: int):
+        """``length`` bytes of chunk ``c`` at ``offset`` (a view of its map: no copy)."""
+        return handle[offset : offset + length]

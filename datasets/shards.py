@@ -10,20 +10,21 @@ like any other order.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
 
 import numpy as np
 
-from feedline.datasets.cache import cache_path, default_cache_dir
+from feedline.datasets.cache import cache_path, check_array, default_cache_dir, save_array
 from feedline.datasets.cached_chunks import CachedChunks, cache_directory
 from feedline.datasets.chunk_cache import ChunkCache
 from feedline.datasets.chunk_order import check_window, chunk_order
-from feedline.datasets.chunks import LABELS, Chunks, dataset_parts, read_sidecar
+from feedline.datasets.chunks import Chunks
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, check_class_names, require_dir
+from feedline.datasets.shard_meta import LABELS, check_counts, read_labels, read_sidecar
+from feedline.datasets.shard_parts import check_parts, dataset_parts
 from feedline.datasets.sizes import describe, parse_bytes
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 from feedline.datasets.stores import LocalStore, S3Store, is_url
@@ -115,31 +116,24 @@ class ShardsSource(Source):
             store = self._store(path, key)
             parts = dataset_parts(store, key)
             sidecars = [read_sidecar(store, rel) for rel in parts]
+            check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
             classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
-            for rel, sidecar in zip(parts, sidecars):
-                if list(sidecar["classes"]) != classes:
-                    raise ValueError(
-                        f"{key} '{path}': {store.where(rel)} has other classes than {store.where(parts[0])}: "
-                        f"convert its parts again"
-                    )
-            if len(parts) > 1:
-                check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
-            chunks = self._chunks(store, parts, path, key, sidecars)
-            labels = np.concatenate([_labels(store, rel) for rel in parts])
-            if len(labels) != chunks.total or (
-                len(labels) and not 0 <= labels.min() <= labels.max() < len(classes)
-            ):
-                raise ValueError(
-                    f"{key} '{path}': {LABELS} holds {len(labels)} labels for {chunks.total} samples in "
-                    f"{len(classes)} classes: convert it again"
-                )
+            labels = [read_labels(store, rel) for rel in parts]
             index = hashlib.blake2b(digest_size=8)
             for rel in parts:
                 index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
-            index.update(
-                np.ascontiguousarray(labels, dtype=np.int64).data
-            )  # another write order: another split
+            for part in labels:  # another write order: another split
+                index.update(np.ascontiguousarray(part, dtype=np.int64).data)
             identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
+            chunks = self._chunks(store, parts, path, key, sidecars, labels, identity)
+            for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
+                check_counts(store.where(rel), sidecar, n, samples, len(part))
+            labels = np.concatenate(labels)
+            if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+                raise ValueError(
+                    f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(classes)} "
+                    f"classes: convert it again"
+                )
             # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
             # in rows of the same count (and maybe chunks of the same sizes)
             written = json.dumps(
@@ -157,12 +151,13 @@ class ShardsSource(Source):
             }
         return self._datasets[path]
 
-    def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict]):
+    def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict], labels, identity):
         """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
         hold what the order reads at once: two windows of the largest chunks. The cache is the node's one
         directory under source.cache_dir, its limit shared by every dataset there; a chunk's name there holds
         the URL, this conversion (its index.json files and sidecars) and the chunk's ETag: a dataset converted
-        or uploaded again never reads the chunks cached from the one before (same names, other bytes)."""
+        or uploaded again never reads the chunks cached from the one before (same names, other bytes). Its
+        samples are checked against a copy of its labels.npy beside the split cache (mapped, once per node)."""
         if not store.remote:
             return Chunks.of([store.where(rel) for rel in parts])
         root = self.cache_dir or default_cache_dir()
@@ -170,7 +165,15 @@ class ShardsSource(Source):
         for rel in parts:
             version.update(store.read(f"{rel}/index.json" if rel else "index.json"))
         cache = ChunkCache(cache_directory(root), self.cache_limit)
-        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest())
+        directory = cache_path("shards", _basename(path), [path, identity], self.cache_dir)
+        copies = [
+            (
+                local_copy(directory / f"labels-{k}.npy", part),
+                store.where(f"{rel}/{LABELS}" if rel else LABELS),
+            )
+            for k, (rel, part) in enumerate(zip(parts, labels))
+        ]
+        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies)
         least = 2 * self.window * int(chunks.nbytes.max(initial=0))
         if self.cache_limit < least:
             raise ValueError(
@@ -246,69 +249,15 @@ class ShardsSource(Source):
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
 
 
-def _labels(store, rel: str) -> np.ndarray:
-    """Every sample's label from the sidecar's labels.npy (a local one is mapped, a remote one read whole)."""
-    if not store.remote:
-        return load_labels(store.where(rel))
-    name = f"{rel}/{LABELS}" if rel else LABELS
-    try:
-        labels = np.load(io.BytesIO(store.read(name)))
-    except ValueError as err:
-        raise ValueError(f"{store.where(name)} is not readable ({err}): convert the dataset again") from None
-    return _checked_labels(labels, store.where(name))
-
-
 def _basename(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or "shards"
 
 
-# What every part of one conversion shares: each part is a slice of one seeded order of the source's rows,
-# so parts drawn with another seed, another shuffle or over another source slice another order (some
-# samples in two parts, others in none). The value names it for the message. (Not the source's description:
-# the jobs of one conversion may see the same data under another mount point.)
-PART_KEYS = {"seed": "out.seed", "shuffle": "out.shuffle", "rows": "samples in the source"}
-
-
-def check_parts(path: str, key: str, dirs: list[str], sidecars: list[dict]) -> None:
-    """The parts of ``path`` are the slices of one conversion's order, each in the folder of its own number;
-    else a ValueError naming the parts and what differs (read together they would repeat and miss samples)."""
-    parts = len(dirs)
-    for k, (d, sidecar) in enumerate(zip(dirs, sidecars)):
-        if (sidecar.get("part"), sidecar.get("parts")) != (k, parts):
-            raise ValueError(
-                f"{key} '{path}': {d} holds part {sidecar.get('part')} of {sidecar.get('parts')} (feedline.json), "
-                f"not part {k} of {parts}: a part folder was copied or renamed; convert that part again"
-            )
-    first = sidecars[0]
-    for d, sidecar in zip(dirs[1:], sidecars[1:]):
-        differ = [
-            f"{what} {first.get(name)!r} in {os.path.basename(dirs[0])}, {sidecar.get(name)!r} in "
-            f"{os.path.basename(d)}"
-            for name, what in PART_KEYS.items()
-            if first.get(name) != sidecar.get(name)
-        ]
-        if differ:
-            raise ValueError(
-                f"{key} '{path}': its parts were not written by one conversion ({'; '.join(differ)}), so they "
-                f"slice different orders of the source and would repeat some samples and miss others: convert "
-                f"every part again from the same source, with the same out.seed and out.shuffle"
-            )
-
-
-def load_labels(directory: str) -> np.ndarray:
-    """``directory``'s labels.npy (memory-mapped): one integer label per sample, or a ValueError naming it."""
-    path = os.path.join(directory, LABELS)
+def local_copy(path, labels: np.ndarray) -> str:
+    """``labels`` in the file ``path`` (written atomically, once: a copy found intact and equal is kept)."""
     try:
-        labels = np.load(path, mmap_mode="r")
-    except ValueError as err:  # not an .npy file, or pickled objects
-        raise ValueError(f"{path} is not readable ({err}): convert the dataset again") from None
-    return _checked_labels(labels, path)
-
-
-def _checked_labels(labels: np.ndarray, where: str) -> np.ndarray:
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise ValueError(
-            f"{where} holds {labels.dtype} labels of shape {labels.shape}, not one integer per sample: convert the "
-            f"dataset again"
-        )
-    return labels
+        if check_array(path) is None and np.array_equal(np.load(path, mmap_mode="r"), labels):
+            return str(path)
+    except (OSError, ValueError, EOFError):
+        pass  # damaged: written again
+    return str(save_array(path, labels))

@@ -496,7 +496,8 @@ def test_a_chunk_replaced_under_a_running_job_is_refused_by_name_not_read(s3_ser
     last = records.chunks.files[-1]  # not read yet: not in the cache
     client = s3_server.client()
     body = client.get_object(Bucket=bucket, Key=f"{prefix}/{last}")["Body"].read()
-    client.put_object(Bucket=bucket, Key=f"{prefix}/{last}", Body=body[:-1] + bytes([body[-1] ^ 0xFF]))
+    flipped = body[:-9] + bytes([body[-9] ^ 0xFF]) + body[-8:]  # the last image's last byte (not its label)
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{last}", Body=flipped)
     with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} could not be fetched: .* was replaced"):
         records.chunks.read(len(records) - 1)
     with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} was replaced after this run listed it"):
@@ -680,6 +681,8 @@ def test_an_index_listing_more_samples_than_a_chunk_can_hold_is_named_not_taken_
     (copy / "index.json").write_text(json.dumps(index))
     labels = np.load(copy / "labels.npy")
     np.save(copy / "labels.npy", np.concatenate([labels, np.zeros(more, labels.dtype)]))  # consistent with it
+    sidecar = json.loads((copy / "feedline.json").read_text())
+    (copy / "feedline.json").write_text(json.dumps({**sidecar, "samples": sidecar["samples"] + more}))
     url = s3_server.new_prefix()
     upload_dir(s3_server, copy, url)
     records = remote_source(s3_server, url, tmp_path, cache_limit="200KB").split("train")

@@ -174,7 +174,7 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
         out = os.path.join(work, "out")
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
-        written = _finish(out, work, classes, options, description, len(records))
+        written = _finish(out, work, classes, options, description, records)
         check_target(
             options
         )  # again: another job (a part's, whose lock is its own) may have written there since
@@ -196,9 +196,10 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     }
 
 
-def _finish(out: str, work: str, classes, options: WriteOptions, description: str, rows: int) -> dict:
+def _finish(out: str, work: str, classes, options: WriteOptions, description: str, records) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
-    them against index.json), the classes, and the inputs skipped."""
+    them against index.json), the classes, the inputs skipped, and every setting that decides what a sample
+    holds (the parts of one conversion must agree on them: ``datasets/shard_parts.py``)."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
         os.remove(leftover)
     skipped = []
@@ -234,10 +235,13 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
         "quality": options.quality,
         "shuffle": options.shuffle is not False,
         "seed": int(options.seed),
-        "rows": int(rows),  # the source's samples the (seeded) order was drawn over: parts must agree on it
+        "rows": len(records),  # the source's samples the seeded order was drawn over: parts agree on it
         "part": options.part,
         "parts": options.parts,
         "source": description,
+        "source_kind": type(records).__name__,  # the source, wherever it is mounted: FolderRecords, ...
+        "mode": options.mode,
+        "chunk_bytes": options.chunk_byte_count(),
     }
     with open(os.path.join(out, SIDECAR), "w", encoding="utf-8") as f:
         json.dump(sidecar, f, ensure_ascii=False, indent=1)
