@@ -47,8 +47,8 @@ def read_json(store, rel: str, error: type[Exception]) -> dict:
     where = store.where(rel)
     try:
         value = json.loads(store.read(rel))
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise error(f"{where} is not readable JSON ({err}): {AGAIN}") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError; nested past any use
+        raise error(f"{where} is not readable JSON ({type(err).__name__}: {err}): {AGAIN}") from None
     if not isinstance(value, dict):
         raise error(f"{where} holds {type(value).__name__}, not a JSON object: {AGAIN}")
     return value
@@ -189,6 +189,10 @@ def read_labels(where, rel: str = "") -> np.ndarray:
     a ValueError naming it: not an .npy array (garbage, an .npz archive, pickled objects), or not 1-D integers."""
     store = as_store(where)
     name = join(rel, LABELS)
+    if not store.remote and os.path.exists(store.where(name)) and not os.path.isfile(store.where(name)):
+        raise ValueError(
+            f"{store.where(name)} is not a regular file (a FIFO, a folder): convert the dataset again"
+        )
     return load_labels(store.where(name), None if not store.remote else lambda: store.read(name))
 
 

@@ -4,10 +4,12 @@ exactly as one on a disk: each fault injected once, read locally and from a real
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import shutil
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -321,3 +323,31 @@ def test_a_chunk_that_is_a_folder_is_refused_by_name(copy, tmp_path):
     (copy / name).mkdir()
     with pytest.raises(ChunkError, match=rf"chunk {re.escape(str(copy / name))} is not a regular file"):
         ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c").prepare()
+
+
+def test_labels_that_are_a_fifo_are_named_not_waited_on(copy, tmp_path):
+    """np.load opened a FIFO in the place of labels.npy and waited for a writer, for ever."""
+    (copy / "labels.npy").unlink()
+    os.mkfifo(copy / "labels.npy")
+    failed = []
+
+    def build():
+        try:
+            ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
+        except ValueError as err:
+            failed.append(str(err))
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():  # release it before failing
+        os.close(os.open(copy / "labels.npy", os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5)
+    assert failed and "labels.npy is not a regular file" in failed[0]
+
+
+@pytest.mark.parametrize("name", ["feedline.json", "index.json"])
+def test_json_nested_past_any_use_is_named_not_a_recursion_error(copy, tmp_path, name):
+    (copy / name).write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises((ValueError, ChunkError), match=rf"{name} is not readable JSON \(RecursionError"):
+        ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
