@@ -220,6 +220,8 @@ def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: i
     """A part's three files agree on how many chunks and samples it holds, or a ValueError naming it: files of
     two conversions in one folder, or one of them edited."""
     said = (sidecar.get("chunks", chunks), sidecar["samples"])
+    if not samples:  # never written: a conversion that reads no input is refused, and so is an empty part
+        raise ValueError(f"{shown} holds no samples (index.json lists none): {AGAIN}")
     if said != (chunks, samples) or labels != samples:
         raise ValueError(
             f"{shown}: {SIDECAR} says {said[1]} samples in {said[0]} chunks, index.json lists {samples} in {chunks}, "

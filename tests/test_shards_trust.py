@@ -351,3 +351,13 @@ def test_json_nested_past_any_use_is_named_not_a_recursion_error(copy, tmp_path,
     (copy / name).write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises((ValueError, ChunkError), match=rf"{name} is not readable JSON \(RecursionError"):
         ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+def test_a_dataset_of_no_samples_is_refused_by_name(copy, tmp_path):
+    """An index of no chunks (and a sidecar and labels that agree): no conversion writes one."""
+    write_json(copy / "index.json", {**index_of(copy), "chunks": []})
+    sidecar = json.loads((copy / "feedline.json").read_text())
+    write_json(copy / "feedline.json", {**sidecar, "samples": 0, "chunks": 0})
+    np.save(copy / "labels.npy", np.zeros(0, dtype=np.int64))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(copy))} holds no samples"):
+        ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
