@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -110,4 +111,6 @@ def convert_cli(tmp_path, tree, *out: str, timeout: int = 600) -> subprocess.Com
     ]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
+    # off a terminal, progress is plain lines: no bar redrawn with carriage returns (a log keeps each redraw)
+    assert not re.search(r"\d%\|", done.stderr), done.stderr[-3000:]
     return done

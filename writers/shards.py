@@ -30,7 +30,6 @@ import time
 import traceback
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, part_name
 from feedline.datasets.stores import S3Store, is_url
@@ -38,6 +37,7 @@ from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
 from feedline.writers.lock import writer_lock
 from feedline.writers.options import WriteOptions
+from feedline.writers.progress import progress
 from feedline.writers.target import check_replaceable, names_at
 from feedline.writers.upload import check_remote_target, upload
 
@@ -260,7 +260,7 @@ def _run_writer(records, options: WriteOptions, rows: np.ndarray, work: str, nam
     runner.start()
     send.close()
     try:
-        with tqdm(total=len(rows), desc=f"converting to {name}", unit="img") as bar:
+        with progress(len(rows), f"converting to {name}", "img") as bar:
             while runner.is_alive() or receive.poll():
                 runner.join(POLL_S)
                 bar.update(done.value - bar.n)
