@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from feedline.cli.instantiate import instantiate, require, short_errors
+from feedline.cli.secrets import from_command_line
 from feedline.datamodules.train_loader import epoch_samples
 from feedline.datasets.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
@@ -259,6 +260,7 @@ def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: i
     }
 
 
+@from_command_line  # a secret given by value moves into the environment before Hydra reads it
 @hydra.main(version_base="1.3", config_path="conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     with short_errors():

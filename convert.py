@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import instantiate, require, short_errors
+from feedline.cli.secrets import from_command_line
 
 log = logging.getLogger("feedline")
 
@@ -46,6 +47,7 @@ def run_convert(cfg: DictConfig) -> dict:
     return summary
 
 
+@from_command_line  # a secret given by value moves into the environment before Hydra reads it
 @hydra.main(version_base="1.3", config_path="conf", config_name="convert")
 def main(cfg: DictConfig) -> None:
     with short_errors():

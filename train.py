@@ -24,6 +24,7 @@ from feedline.callbacks.throughput import ThroughputMonitor
 from feedline.cli.checkpoints import loading_safely, resolve_ckpt_path, resuming_into_own_dir
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.run_dir import own_run_dir
+from feedline.cli.secrets import from_command_line, hidden_overrides
 from feedline.cli.trainer_keys import check_trainer_keys, trainer_arguments
 
 log = logging.getLogger("feedline")
@@ -105,7 +106,7 @@ def _hydra_job() -> dict:
         for k, v in hydra_cfg.runtime.choices.items()
         if not k.startswith("hydra") and not str(v).startswith("None/")
     }
-    return {"choices": choices, "overrides": list(hydra_cfg.overrides.task)}
+    return {"choices": choices, "overrides": hidden_overrides(hydra_cfg.overrides.task)}
 
 
 @rank_zero_only
@@ -142,6 +143,7 @@ def console_for_this_rank() -> None:
             handler.setLevel(max(handler.level, logging.WARNING))
 
 
+@from_command_line  # a secret given by value moves into the environment before Hydra reads it
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     console_for_this_rank()

@@ -1,8 +1,10 @@
-"""One way to build objects from config: log the ``_target_``, name the config key when it fails."""
+"""One way to build objects from config: log the ``_target_``, name the config key when it fails, and leave the
+run's config as it was (references unresolved: a secret's ``${oc.env:NAME}`` included)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -45,7 +47,7 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
     target = kwargs.get("_target_", target)  # what is built: bench.py builds ImageLoaders from cfg.data
     log.info("Instantiating %s <%s>", key, target)
     try:
-        return hydra.utils.instantiate(cfg, **kwargs)
+        return hydra.utils.instantiate(_detached(cfg), **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
@@ -55,6 +57,18 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
         raise InstantiationException(
             f"could not build config key '{key}' (_target_: {target}): {err}"
         ) from err
+
+
+def _detached(cfg):
+    """``cfg`` inside a copy of its whole config. Hydra's instantiate resolves, in place, the node that an
+    interpolation points at (``data.source: ${source}`` resolves ``cfg.source``, secrets included), and the run's
+    config outlives the run: a Hydra job returns it (submitit pickles it to ``.submitit/*_result.pkl``)."""
+    if not isinstance(cfg, DictConfig):
+        return cfg
+    root = cfg._get_root()
+    if root is cfg:
+        return copy.deepcopy(cfg)
+    return OmegaConf.select(copy.deepcopy(root), cfg._get_full_key(None))
 
 
 def instantiate_all(cfg: DictConfig | None, key: str) -> list:

@@ -4,13 +4,16 @@
 config node, builds it here, and saves the resolved config as a hyper-parameter: a checkpoint holds the
 whole data config (``datamodule_hyper_parameters``) in plain containers that ``torch.load(weights_only=True)``
 reads, and ``ImageDataModule.load_from_checkpoint(path)`` builds the same datamodule again. A part given
-as an object (Python, LightningCLI) is kept as it is and recorded by its description only.
+as an object (Python, LightningCLI) is kept as it is and recorded by its description only. A secret storage
+option is recorded by the environment variable that holds it, never by its value (``stores.without_secrets``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from feedline.datasets.stores import without_secrets
 
 DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
 
@@ -51,11 +54,11 @@ def build(value, key: str) -> tuple[Any, Any]:
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
-        return instantiate(plain), plain
+        return instantiate(plain), without_secrets(plain)
     rebuild = getattr(value, "rebuild_config", None)
     config = rebuild() if callable(rebuild) else None
     if config is not None:
-        return value, config
+        return value, without_secrets(config)
     return value, f"{DESCRIBED} {type(value).__module__}.{type(value).__qualname__}: {value!r}"
 
 

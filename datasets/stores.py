@@ -7,6 +7,10 @@ profile) or from ``source.storage_options`` of this source alone, so two sources
 endpoints; ``http://`` and ``https://`` endpoints alike. Every error names the URL and what to do.
 Retries: bounded, with backoff (botocore's standard mode), and a chunk download that breaks mid-body goes on
 from the byte it reached; nothing waits forever.
+
+Secrets (``SECRET_OPTIONS``) are never recorded: a record of the options (a checkpoint's datamodule config)
+names the environment variable that holds each one (``${oc.env:NAME}``), else says ``HIDDEN``; the store
+reads such a reference from the environment when it makes its client, and refuses ``HIDDEN`` by key.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 
 SCHEMES = ("s3",)
@@ -30,6 +35,10 @@ STORAGE_OPTIONS = (
     "connect_timeout",
     "read_timeout",
 )
+SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+HIDDEN = "<hidden: feedline records no secret>"
+# ${oc.env:NAME} (or with a null default): a secret given by the name of the variable that holds it
+ENV_REFERENCE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:,\s*null\s*)?\}")
 MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
 CREDENTIALS_HELP = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or this {owner}'s own "
@@ -43,6 +52,32 @@ def _help(text: str, key: str) -> str:
     ``out.path`` (convert.py's output) -> out.storage_options."""
     group = str(key).split(".", 1)[0]
     return text.format(group=group, owner="output" if group == "out" else "source")
+
+
+def is_secret(key) -> bool:
+    return str(key).lower() in SECRET_OPTIONS
+
+
+def without_secrets(config, environ=None):
+    """``config`` (plain dicts and lists) as it may be recorded: every secret option's value replaced by
+    ``${oc.env:NAME}`` when an environment variable holds that very value (feedline moves a secret given on
+    the command line into one; ``AWS_*`` ones count too), else by ``HIDDEN``. References stay as they are."""
+    environ = os.environ if environ is None else environ
+    if isinstance(config, dict):
+        return {
+            k: _recorded_secret(v, environ) if is_secret(k) else without_secrets(v, environ)
+            for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [without_secrets(v, environ) for v in config]
+    return config
+
+
+def _recorded_secret(value, environ) -> object:
+    if value is None or value == "" or value == HIDDEN or ENV_REFERENCE.fullmatch(str(value).strip()):
+        return value
+    holders = sorted(name for name, held in environ.items() if held == str(value))
+    return f"${{oc.env:{holders[0]}}}" if holders else HIDDEN
 
 
 def quiet_botocore() -> None:
@@ -131,6 +166,13 @@ class S3Store:
             raise ValueError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
             )
+        for name in SECRET_OPTIONS:
+            if self.options.get(name) == HIDDEN:
+                raise ValueError(
+                    f"{where}.{name} was hidden when this config was recorded (a checkpoint keeps no secret): "
+                    f"give it again as {where}.{name}=${{oc.env:NAME}} (NAME an environment variable that "
+                    f"holds it), or set {where}.{name}=null and use {where}.profile_name or the AWS_* variables"
+                )
         for name in ("max_attempts", "connect_timeout", "read_timeout"):
             if self.options.get(name) is not None and _setting(name, self.options[name]) is None:
                 raise ValueError(
@@ -278,12 +320,30 @@ class S3Store:
                 )
                 if o.get(k) is not None
             }
+            kwargs.update({k: self._secret(k) for k in SECRET_OPTIONS if k in kwargs})
             self._client, self._pid = session.client("s3", config=config, **kwargs), os.getpid()
         return self._client
+
+    def _secret(self, name: str) -> str:
+        """A secret option's value; ``${oc.env:NAME}`` is read from the environment here, where the client is
+        made, so the value itself is never part of any config or record."""
+        value = str(self.options[name])
+        found = ENV_REFERENCE.fullmatch(value.strip())
+        if not found:
+            return value
+        if found.group(1) not in os.environ:
+            where = f"{self.key.split('.')[0]}.storage_options.{name}"
+            raise StoreError(
+                f"{self.url}: {where} refers to the environment variable {found.group(1)}, which this process "
+                f"does not have: export {found.group(1)}=... before the run (or give {where} again)"
+            )
+        return os.environ[found.group(1)]
 
     def _call(self, method: str, rel: str, **kwargs):
         try:
             return getattr(self.client(), method)(**kwargs)
+        except StoreError:
+            raise  # already names the URL and what to do (a secret's variable that is not set)
         except Exception as err:
             raise self._error(err, rel) from err
 

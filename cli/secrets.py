@@ -1,0 +1,243 @@
+"""Secrets stay out of every file a run writes: given by reference, never by value.
+
+A secret storage option (``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``, under any
+key: ``source.storage_options``, a mix part's, ``out.storage_options``) reaches a run in one of three ways:
+
+- **By value on the command line.** ``train.py``, ``convert.py`` and ``bench.py`` wrap their ``main`` in
+  ``from_command_line``, which runs before Hydra reads ``sys.argv``: the value moves into an environment
+  variable of the process, ``FEEDLINE_SECRET_<KEY>``, and the override becomes
+  ``key='${oc.env:FEEDLINE_SECRET_<KEY>}'``. Hydra never sees the value, so there is no moment at which it is
+  on disk: ``.hydra/*.yaml``, ``multirun.yaml``, submitit's pickles, ``summary.json`` and the sweep summary
+  hold the reference. Lightning's DDP ranks (started again with ``sys.argv``), a multirun's jobs and SLURM jobs
+  through the submitit launcher (SLURM passes the submitting environment on by default) inherit the
+  variable, and OmegaConf resolves it where the source is built. A resume is the same command again.
+- **By reference in a config file**: ``${oc.env:NAME}``, or a resolver of the user's own. Kept as it is;
+  ``cli/instantiate.py`` builds from a copy of the config, so the run's config stays unresolved.
+- **By value in a config file**: refused by ``SecretsGuard`` (a Hydra callback, ``conf/hydra/default.yaml``)
+  in ``on_run_start`` / ``on_multirun_start``, before Hydra writes anything, with the forms to use instead;
+  likewise a ``${oc.env:NAME}`` whose variable is not set. A multirun job whose swept config group brings a
+  secret is refused in ``on_job_start``, after Hydra wrote that job's ``.hydra/``, so those files are masked
+  first. Hydra turns a callback's exception into a warning: the refusal is a ``SystemExit``.
+
+Checkpoints and the logger's ``hparams.yaml`` record the datamodule's config with each secret as the name of
+a variable that holds it, else as ``HIDDEN`` (``datasets/stores.py``, ``without_secrets``). The command line
+itself is visible to the machine's users (``ps``) while the process runs; ``${oc.env:NAME}``,
+``profile_name`` and the ``AWS_*`` variables never put a secret there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType, Quote, QuotedString
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from feedline.cli.instantiate import short_errors
+from feedline.datasets.stores import ENV_REFERENCE, HIDDEN, SECRET_OPTIONS, is_secret
+
+PREFIX = "FEEDLINE_SECRET_"
+# a whole ${resolver:...} with no interpolation inside: a reference that holds no value of its own
+_RESOLVER = re.compile(r"\$\{\s*([\w.]+)\s*:[^${}]*\}")
+REFERENCE_HELP = (
+    "give it by reference instead: {key}=${{oc.env:NAME}} with NAME an environment variable exported before "
+    "the run, or a profile ({parent}.profile_name=NAME, ~/.aws/credentials), or the AWS_* variables; on the "
+    "command line a secret may also be given by value (feedline moves it into the environment)"
+)
+
+
+def _help(key: str) -> str:
+    return REFERENCE_HELP.format(key=key, parent=key.rsplit(".", 1)[0])
+
+
+class SecretError(ValueError):
+    """A secret given where it would be written to disk: the message names the key, never the value."""
+
+
+def env_name(key: str) -> str:
+    return PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
+
+
+def is_reference(value) -> bool:
+    """``${oc.env:NAME}`` (or with a null default) or a resolver of the user's own (a secret store's): no
+    value of its own. ``${some.key}``, ``oc.select`` or an ``oc.env`` default point at a value in the config."""
+    text = str(value).strip()
+    found = _RESOLVER.fullmatch(text)
+    return bool(ENV_REFERENCE.fullmatch(text) or found and not found.group(1).startswith("oc."))
+
+
+def _names_a_secret(arg: str) -> bool:
+    return any(name in arg.lower() for name in SECRET_OPTIONS)
+
+
+# -- the command line ------------------------------------------------------------------------------------------
+def from_command_line(main):
+    """Wrap an entry point's ``@hydra.main`` function: secrets in ``sys.argv`` move into the environment
+    before Hydra parses it (``sys.argv`` itself is rewritten, for Lightning's DDP ranks that restart with it)."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        if not args and not kwargs:  # Hydra reads the command line (called with a config, it does not)
+            with short_errors():
+                sys.argv[1:] = secrets_to_environment(sys.argv[1:])
+        return main(*args, **kwargs)
+
+    return wrapper
+
+
+def secrets_to_environment(args: list[str], environ=None) -> list[str]:
+    """``args`` with every secret given by value replaced by ``${oc.env:FEEDLINE_SECRET_<KEY>}``, that
+    variable set in ``environ`` (this process's environment)."""
+    environ = os.environ if environ is None else environ
+
+    def keep(key: str, value: str) -> str:
+        environ[env_name(key)] = value
+        return f"${{oc.env:{env_name(key)}}}"
+
+    return [rewrite_override(arg, keep) for arg in args]
+
+
+def hidden_overrides(overrides) -> list[str]:
+    """Overrides (``hydra.overrides.task``) as a record may hold them (``summary.json``): as written, not
+    resolved (a ListConfig's items are: ``'${oc.env:NAME}'`` would read as the secret), and a secret given by
+    value (through the compose API, which has no command line) reads ``HIDDEN``."""
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=False)
+    return [rewrite_override(str(o), lambda key, value: HIDDEN) for o in overrides]
+
+
+def rewrite_override(arg: str, replace) -> str:
+    """``arg`` with each secret value in it replaced by ``replace(key, value)`` (quoted, so a reference stays
+    one); anything else (flags, other keys, references) as it is."""
+    if arg.startswith("-") or "=" not in arg or not _names_a_secret(arg):
+        return arg
+    key = arg.split("=", 1)[0].lstrip("~+")
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except Exception:
+        raise SecretError(  # Hydra's own message would quote the value
+            f"{key}: Hydra cannot parse this override (its value, a secret, is not shown): quote the value, "
+            f"{key}='...'"
+        ) from None
+    key = override.key_or_group
+    if override.is_sweep_override():
+        if any(_literal_secrets(key, value) for value in override.sweep_iterator()):
+            raise SecretError(
+                f"{key}: a sweep over secrets would write them into the sweep's files: " + _help(key)
+            )
+        return arg
+    if override.type == OverrideType.DEL:
+        if _literal_secrets(key, override.value()):
+            raise SecretError(f"{key}: delete a secret without its value: ~{key}")
+        return arg
+    changed = False
+
+    def walk(path: str, value):
+        nonlocal changed
+        if isinstance(value, dict | list):
+            return _map(path, value, walk)
+        text = value.text if isinstance(value, QuotedString) else value
+        # an interpolation is Hydra's to resolve (the guard checks what it points at)
+        if not is_secret(_last(path)) or not _is_value(text) or "${" in str(text):
+            return value
+        changed = True
+        return QuotedString(text=replace(path, str(text)), quote=Quote.single)  # as a user would quote it
+
+    replaced = walk(key, override._value)
+    if not changed:
+        return arg
+    return f"{override.get_key_element()}={Override._get_value_element_as_str(replaced)}"
+
+
+def _map(key: str, value, function):
+    """``value``'s items through ``function(their key, item)``, as the same kind of container."""
+    if isinstance(value, dict):
+        return {k: function(f"{key}.{k}" if key else str(k), v) for k, v in value.items()}
+    return [function(f"{key}.{n}" if key else str(n), v) for n, v in enumerate(value)]
+
+
+def _last(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _is_value(value) -> bool:
+    return value is not None and str(value) not in ("", "???", HIDDEN)
+
+
+def _secret_leaves(key: str, value):
+    """(key, value) of every secret option under ``key`` (itself included)."""
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            yield from _secret_leaves(f"{key}.{k}" if key else str(k), v)
+    elif is_secret(_last(key)):
+        yield key, value
+
+
+def _literal_secrets(key: str, value) -> list[str]:
+    """The keys under ``key`` (itself included) whose secret is given by value."""
+    return [k for k, v in _secret_leaves(key, value) if _is_value(v) and not is_reference(v)]
+
+
+# -- the composed config ---------------------------------------------------------------------------------------
+def secrets_by_value(cfg: DictConfig) -> list[str]:
+    """Keys of ``cfg`` (``hydra.*`` included: ``hydra.job.env_set``) whose secret is written by value."""
+    return _literal_secrets("", OmegaConf.to_container(cfg, resolve=False))
+
+
+def _masked(key: str, value):
+    if isinstance(value, dict | list):
+        return _map(key, value, _masked)
+    return HIDDEN if _literal_secrets(key, value) else value
+
+
+def _refuse(config: DictConfig) -> list[str]:
+    """Stop the run when ``config`` holds a secret by value. Hydra turns an exception of a callback into a
+    warning and goes on, so the refusal is a ``SystemExit`` (exit status 1), which it lets through."""
+    keys = secrets_by_value(config)
+    if keys:
+        raise SystemExit(
+            f"Error: {', '.join(keys)}: a secret written by value in a config file, which Hydra would copy into "
+            f"the run's .hydra/config.yaml and a checkpoint would keep: " + _help(keys[0])
+        )
+    for key, name in _unset_references("", OmegaConf.to_container(config, resolve=False)):
+        raise SystemExit(
+            f"Error: {key} refers to the environment variable {name}, which this process does not have: export "
+            f"{name}=... before the run (a resume in a new shell: give the secret again as on the first command)"
+        )
+    return keys
+
+
+def _unset_references(key: str, value) -> list[tuple[str, str]]:
+    """(key, variable) for each secret given as ``${oc.env:NAME}`` (no default) whose variable is not set."""
+    found = [(k, ENV_REFERENCE.fullmatch(str(v).strip()), str(v)) for k, v in _secret_leaves(key, value)]
+    return [(k, m.group(1)) for k, m, v in found if m and "," not in v and m.group(1) not in os.environ]
+
+
+class SecretsGuard(Callback):
+    """Refuses a secret written by value in the composed config before Hydra writes the run's files."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse(config)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A multirun job composed with a swept config group: Hydra has just written its ``.hydra/``."""
+        if not secrets_by_value(config):
+            return
+        if config.hydra.output_subdir is not None:
+            out = Path(config.hydra.runtime.output_dir) / str(config.hydra.output_subdir)
+            masked = _masked("", OmegaConf.to_container(config, resolve=False))
+            hydra_part = {"hydra": masked.pop("hydra")}
+            for name, part in (("config.yaml", masked), ("hydra.yaml", hydra_part)):
+                if (out / name).exists():
+                    OmegaConf.save(OmegaConf.create(part), out / name)
+        _refuse(config)
