@@ -40,9 +40,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import short_errors
-from feedline.datasets.stores import ENV_REFERENCE, HIDDEN, SECRET_OPTIONS, is_secret
+from feedline.datasets.stores import ENV_PREFIX, ENV_REFERENCE, HIDDEN, SECRET_OPTIONS, is_secret
 
-PREFIX = "FEEDLINE_SECRET_"
 # a whole ${resolver:...} with no interpolation inside: a reference that holds no value of its own
 _RESOLVER = re.compile(r"\$\{\s*([\w.]+)\s*:[^${}]*\}")
 REFERENCE_HELP = (
@@ -61,7 +60,7 @@ class SecretError(ValueError):
 
 
 def env_name(key: str) -> str:
-    return PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
+    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
 
 
 def is_reference(value) -> bool:

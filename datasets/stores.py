@@ -37,6 +37,9 @@ STORAGE_OPTIONS = (
 )
 SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 HIDDEN = "<hidden: feedline records no secret>"
+ENV_PREFIX = (
+    "FEEDLINE_SECRET_"  # the variables a secret given on the command line moves into (cli/secrets.py)
+)
 # ${oc.env:NAME} (or with a null default): a secret given by the name of the variable that holds it
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:,\s*null\s*)?\}")
 MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
@@ -76,8 +79,11 @@ def without_secrets(config, environ=None):
 def _recorded_secret(value, environ) -> object:
     if value is None or value == "" or value == HIDDEN or ENV_REFERENCE.fullmatch(str(value).strip()):
         return value
-    holders = sorted(name for name, held in environ.items() if held == str(value))
-    return f"${{oc.env:{holders[0]}}}" if holders else HIDDEN
+    # a variable of the user's own first: it outlives this process, where feedline's are set per command
+    holders = sorted(
+        (name.startswith(ENV_PREFIX), name) for name, held in environ.items() if held == str(value)
+    )
+    return f"${{oc.env:{holders[0][1]}}}" if holders else HIDDEN
 
 
 def quiet_botocore() -> None:

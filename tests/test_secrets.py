@@ -24,6 +24,7 @@ from feedline.cli.secrets import (
     hidden_overrides,
     secrets_to_environment,
 )
+from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.parts import build
 from feedline.datasets.stores import HIDDEN, S3Store, StoreError, without_secrets
 from tests.conftest import ROOT_DIR
@@ -180,6 +181,7 @@ def test_a_multirun_job_bringing_a_secret_by_value_is_refused_with_its_hydra_fil
 # -- records and the store -----------------------------------------------------------------------------------
 def test_a_checkpoint_records_a_secret_by_the_variable_that_holds_it_else_hidden(monkeypatch):
     monkeypatch.setenv("HOLDS_IT", "s3cr3t")
+    monkeypatch.setenv(env_name("source.storage_options.aws_secret_access_key"), "s3cr3t")  # the user's first
     part = {
         "_target_": "builtins.dict",
         "storage_options": {"aws_secret_access_key": "s3cr3t", "region_name": "r"},
@@ -299,7 +301,9 @@ def second_dataset(server, tmp_path) -> str:
 
 
 @pytest.mark.slow
-def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_store(s3_server, tmp_path):
+def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_store(
+    s3_server, tmp_path, monkeypatch
+):
     """convert.py with its output's secret on the command line; a multirun through the submitit launcher over a
     mix of two S3 parts, one with its secret on the command line and one by ${oc.env:NAME}; a single run with
     source.storage_options on the command line, resumed (ckpt_path=last) onto an empty cache. No AWS_* variable
@@ -359,6 +363,16 @@ def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_stor
     epochs = {row.split(",")[0] for row in (tmp_path / "run" / "csv" / "metrics.csv").read_text().split()[1:]}
     assert epochs == {"0", "1"}  # the second epoch was trained
     assert recorded_secret(tmp_path / "run" / "checkpoints" / "last.ckpt") == reference(key)
+    # the datamodule rebuilt from the checkpoint alone reaches the store where the recorded variables are set
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(env_name(key), SECRET_KEY)
+    monkeypatch.setenv(env_name("source.storage_options.aws_access_key_id"), ACCESS_KEY)
+    rebuilt = ImageDataModule.load_from_checkpoint(
+        tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    rebuilt.setup("fit")
+    assert len(rebuilt.datasets["train"][0][0]) > 0
 
     roots = [tmp_path / name for name in ("convert", "sweep", "run", "cache", "empty-cache")]
     assert assert_no_secret_under(*roots) > 20
