@@ -37,9 +37,8 @@ STORAGE_OPTIONS = (
 )
 SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 HIDDEN = "<hidden: feedline records no secret>"
-ENV_PREFIX = (
-    "FEEDLINE_SECRET_"  # the variables a secret given on the command line moves into (cli/secrets.py)
-)
+# the variables that a secret given by value on the command line moves into (cli/secrets.py)
+ENV_PREFIX = "FEEDLINE_SECRET_"
 # ${oc.env:NAME} (or with a null default): a secret given by the name of the variable that holds it
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:,\s*null\s*)?\}")
 MAX_ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT = 5, 5, 30
