@@ -17,6 +17,7 @@ from feedline.datasets.listing import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.packed import PackedIndex
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
+from feedline.datasets.same_data import check_own
 from feedline.datasets.scan_plan import check_scan_workers
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
@@ -84,6 +85,7 @@ class FolderSource(Source):
             self.test_fraction = 0.0
         self._indexes: dict[str, FolderIndex] = {}
         self._check_roots()
+        check_own(self)  # val_root, test_root: neither root (however spelt) nor each other
 
     def _roots(self) -> tuple[tuple[str, str | None], ...]:
         return (

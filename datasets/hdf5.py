@@ -18,6 +18,7 @@ from feedline.datasets.hdf5_files import check_path, map_array, open_hdf5
 from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
 from feedline.datasets.records import LazyArray, Records, Source, check_class_names
+from feedline.datasets.same_data import check_own
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ class HDF5Source(Source):
         self._inspected: dict | None = None
         if self._check_now():
             self._files  # noqa: B018 - check the file now: a bad path or key fails before any work starts
+        check_own(self)  # val_path, test_path: neither path (a link, a conversion of it) nor each other
 
     def _check_now(self) -> bool:
         """Whether the file is checked at construction (a subclass that writes it in prepare() waits)."""

@@ -19,6 +19,7 @@ from feedline.datasets.cache import cache_path, check_refresh, json_checksum, st
 from feedline.datasets.lazy_checks import LayoutError, check_extension, class_count, verify_tree
 from feedline.datasets.options import LazyFolderOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
+from feedline.datasets.same_data import check_own
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class LazyFolderSource(Source):
         self.cache_dir = cache_dir
         self.refresh = check_refresh(refresh)
         self._manifest: dict | None = None
+        check_own(self)  # test_root: not root (however spelt), nor the tree root was laid out from
 
     def _check_root(self, root: str) -> str:
         """The root, made absolute; it must exist now (a subclass that makes it in prepare() relaxes this)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from feedline.datasets.mix_checks import check_parts, check_spellings
 from feedline.datasets.mix_order import mix_order, quotas
 from feedline.datasets.records import Source
 from feedline.datasets.splits import check_split
@@ -164,6 +165,7 @@ def merge_classes(parts: list[Part]) -> tuple[list[str], list[np.ndarray]]:
     unnamed HDF5's "0".."9") beside another part's named ones, neither mapped, where names would meet by
     accident; a part with a ``class_map`` or ``label`` says what its classes are."""
     names = [part.class_names() for part in parts]
+    check_spellings(parts, names)
     unmapped = [(p, n) for p, n in zip(parts, names) if n and p.label is None and not p.class_map]
     numbered = [(p, n) for p, n in unmapped if _numbered(n)]
     named = [(p, n) for p, n in unmapped if not _numbered(n)]
@@ -284,6 +286,7 @@ class MixSource(Source):
         if epoch_size is not None and (not _count(epoch_size) or epoch_size < 1):
             raise ValueError(f"source.epoch_size={epoch_size!r}: a number of samples, at least 1, or null")
         self.parts = [Part(name, spec) for name, spec in parts.items()]
+        check_parts(self.parts)  # no data shared between parts, nor a chunk cache under two limits
         self.epoch_size = int(epoch_size) if epoch_size is not None else None
         self._merged = None
 

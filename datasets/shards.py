@@ -23,6 +23,7 @@ from feedline.datasets.chunk_order import check_window, chunk_order
 from feedline.datasets.chunks import Chunks
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, check_class_names, require_dir
+from feedline.datasets.same_data import check_own
 from feedline.datasets.shard_meta import LABELS, check_counts, read_labels, read_sidecar
 from feedline.datasets.shard_parts import check_parts, dataset_parts
 from feedline.datasets.sizes import describe, parse_bytes
@@ -104,6 +105,7 @@ class ShardsSource(Source):
         self.cache_limit = parse_bytes(cache_limit, "source.cache_limit", 1000, 2**62, "20GB")
         self._datasets: dict[str, dict] = {}
         self._dataset(self.path, "source.path")  # a bad path, a missing part: fails before any work starts
+        check_own(self)  # val_path, test_path: neither path (its parts, a copy, a spelling) nor each other
 
     def _location(self, path, key: str) -> str:
         return S3Store(path, self.storage_options, key).url if is_url(path) else require_dir(path, key)

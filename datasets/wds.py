@@ -17,6 +17,7 @@ import numpy as np
 
 from feedline.datasets.options import WdsOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source
+from feedline.datasets.same_data import check_own
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 from feedline.datasets.wds_index import open_index
 from feedline.datasets.wds_tars import TarError, find_tars
@@ -112,6 +113,7 @@ class WdsSource(Source):
         self.label_key = label_key
         self.cache_dir = cache_dir
         self._indexes: dict[str, dict] = {}
+        check_own(self)  # val_path, test_path: no tar of path (however named) nor of each other
 
     def _index(self, key: str) -> dict:
         if key not in self._indexes:

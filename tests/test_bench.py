@@ -405,12 +405,11 @@ def test_a_one_time_first_read_is_not_charged_to_the_part_that_happens_to_be_rea
     from feedline.diagnostics.loader_bench import stage_breakdown
     from tests.sleepy import FirstReadRecords
 
-    tree = simple_tree(tmp_path / "tree", per_class=10)
     parts = []
-    for name in ("a", "b"):
+    for name in ("a", "b"):  # two copies of one tree (a mix refuses one tree twice)
         parts += [
             f"+source/parts@source.parts.{name}=folder",
-            f"source.parts.{name}.source.root={tree}",
+            f"source.parts.{name}.source.root={simple_tree(tmp_path / name, per_class=10)}",
             f"source.parts.{name}.source._target_=tests.sleepy.FirstReadFolderSource",
             f"+source.parts.{name}.source.delay=0.5",
         ]

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from feedline.cli.instantiate import instantiate, instantiate_all
 from feedline.datamodules.image import ImageDataModule
 from tests.conftest import CONF, ROOT_DIR
+from tests.helpers import simple_tree
 
 OPTIONS = sorted(
     (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() for option in group.glob("*.yaml")
@@ -84,7 +85,7 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             "+source/parts@source.parts.base=folder",
             f"source.parts.base.source.root={tree}",
             "+source/parts@source.parts.extra=folder",
-            f"source.parts.extra.source.root={tree}",
+            f"source.parts.extra.source.root={simple_tree(tmp_path / 'extra')}",  # another tree: one tree twice is refused
             "source.parts.extra.weight=0.25",
         ]
     if option == "wds":

@@ -122,7 +122,7 @@ def test_classes_that_cannot_merge_are_refused_naming_the_part_and_the_classes(t
     with pytest.raises(
         ValueError, match=r"source.parts.extra.class_map maps 'kitten', which extra does not have"
     ):
-        _ = MixSource({"base": base, "extra": {**base, "class_map": {"kitten": "cat"}}}).classes
+        _ = MixSource({"base": base, "extra": {**numbered, "class_map": {"kitten": "cat"}}}).classes
 
 
 @pytest.mark.parametrize(

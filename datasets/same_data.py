@@ -1,0 +1,282 @@
+"""Which data a source reads, so that two sources of one run never share samples unless they are told to.
+
+Two sources of one run: one source's training data and its held-out trees or files (``val_root``,
+``test_path``, ...), and the parts of a mix. Each names its data by the keys every source uses (``root``,
+``path``, ``val_root``, ``val_path``, ``test_root``, ``test_path``: config and attribute alike), and each
+is resolved to *places*, which compare equal however the data was named:
+
+    a local directory or file   its device and inode (a symlink, ``..``, a trailing ``/``: one place) and
+                                its real path (a directory inside another is part of its data)
+    an HDF5 file                that, and the images key it is read by (one file may hold two datasets)
+    an object-storage prefix    its endpoint, bucket and key prefix (``s3://b/ds/`` is ``s3://b/ds``, and
+                                ``s3://b/ds/part-00001-of-00002`` part of it)
+
+and, for data that was made from other data, to what it records of its *origin*: an HDF5 file's ``source``
+attribute and a shards sidecar's ``source`` (the ``repr`` of the source converted), a lazy layout's
+``.feedline-layout.json`` (the tree laid out). So a folder and its own HDF5 or shards conversion, or two
+copies of one conversion, are one dataset; the parts of one conversion (``out.part`` K of N, one seed) are
+disjoint slices of theirs. A copy made outside feedline (``cp`` of a tree, a foreign HDF5 file) is not seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import glob
+import json
+import os
+import re
+import stat
+import weakref
+from dataclasses import dataclass, replace
+
+from feedline.datasets.shard_meta import read_sidecar
+from feedline.datasets.shard_parts import dataset_parts
+from feedline.datasets.stores import LocalStore, S3Store, is_url
+from feedline.datasets.wds_tars import find_tars
+
+ROLES = (
+    ("root", "train"),
+    ("path", "train"),
+    ("val_root", "val"),
+    ("val_path", "val"),
+    ("test_root", "test"),
+    ("test_path", "test"),
+)
+LAYOUT_MARKER = ".feedline-layout.json"  # writers/lazy_layout.py's MARKER in a layout: {"src": the tree}
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+DEPTH = 4  # conversions of conversions are followed back this far
+_NAMED = re.compile(r"\b(root|path)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")  # in a source's repr
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where data is, as it compares whatever it was called."""
+
+    shown: str
+    real: str  # a real local path, or s3://bucket/prefix
+    remote: bool = False
+    node: tuple | None = None  # (device, inode) of a local path that exists
+    folder: bool = True  # a directory, or not known: what lies under it is part of it
+    endpoint: str | None = None  # a URL's endpoint; None where it is not known (a conversion's record)
+    key: str | None = None  # an HDF5 file's images key; None: any
+    slice: tuple | None = None  # (K, N, seed, shuffle, rows): part K of a conversion into N parts
+
+
+@dataclass
+class Data:
+    """What one key of a source reads: its role (train, val, test), its places, and what they were made from."""
+
+    key: str
+    role: str
+    shown: str
+    places: list[Place]
+    origins: list[Place]
+
+
+# -- places ----------------------------------------------------------------------------------------------------
+def _local(path: str, key: str | None = None, slice: tuple | None = None) -> Place:
+    real = os.path.realpath(os.path.expanduser(str(path)))
+    try:
+        st = os.stat(real)
+    except OSError:  # not there yet (written in prepare()): its path is all there is to compare
+        return Place(str(path), real, key=key, slice=slice)
+    folder = stat.S_ISDIR(st.st_mode)
+    return Place(
+        str(path), real, node=(st.st_dev, st.st_ino), folder=folder, key=None if folder else key, slice=slice
+    )
+
+
+def _url(url: str, options: dict | None = None, live: bool = True, slice: tuple | None = None) -> Place:
+    store = S3Store(url, options)
+    endpoint = None
+    if live:
+        try:
+            endpoint = store.endpoint  # a client's endpoint: the options', the environment's or the profile's
+        except Exception:  # no client (a profile that does not exist): the source's own checks say so
+            endpoint = (options or {}).get("endpoint_url") or ""
+    return Place(str(url), store.where("").rstrip("/"), remote=True, endpoint=endpoint, slice=slice)
+
+
+def _places(value: str, options: dict | None, key: str | None) -> list[Place]:
+    if is_url(value):
+        return [_url(value, options)]
+    path = os.path.expanduser(value)
+    if not os.path.exists(path) and (glob.has_magic(path) or "{" in path):  # WebDataset tars by a pattern
+        try:
+            return [_local(tar) for tar in find_tars(value)]
+        except (OSError, ValueError):
+            pass
+    return [_local(path, key)]
+
+
+# -- origins: what a conversion or a layout records of the data it was made from ------------------------------
+def _slice(sidecar: dict) -> tuple | None:
+    if sidecar.get("part") is None or not sidecar.get("parts"):
+        return None
+    return tuple(sidecar.get(k) for k in ("part", "parts", "seed", "shuffle", "rows"))
+
+
+def _sidecars(place: Place, options: dict | None) -> list[tuple[str, tuple | None]]:
+    """A shards dataset's record of its source, per part (with the slice the part is), else []."""
+    store = S3Store(place.real, options) if place.remote else LocalStore(place.real)
+    return [
+        (str(sidecar.get("source") or ""), _slice(sidecar))
+        for sidecar in (read_sidecar(store, rel) for rel in dataset_parts(store))
+    ]
+
+
+def _hdf5_record(place: Place) -> list[tuple[str, None]]:
+    """A feedline HDF5 file's record of its source, else []."""
+    with open(place.real, "rb") as f:
+        if f.read(len(HDF5_SIGNATURE)) != HDF5_SIGNATURE:
+            return []
+    import h5py
+
+    with h5py.File(place.real, "r") as f:
+        return [(str(f.attrs.get("source", "")), None)] if "feedline_format" in f.attrs else []
+
+
+def _layout_record(place: Place) -> list[tuple[str, None]]:
+    """A lazy layout's record of the tree it was laid out from, as a source's repr would name it."""
+    with open(os.path.join(place.real, LAYOUT_MARKER), encoding="utf-8") as f:
+        return [(f"root={str(json.load(f)['src'])!r}", None)]
+
+
+def _records(place: Place, options: dict | None, dataset: bool) -> list[tuple[str, tuple | None]]:
+    """(a source's repr, the slice) of each origin ``place`` records: a shards dataset's sidecars (``dataset``:
+    a path, which may be one), a lazy layout's marker, an HDF5 file's attributes."""
+    try:
+        if place.remote or dataset and place.folder and place.node:
+            return _sidecars(place, options)
+        if place.folder and place.node:
+            return _layout_record(place)
+        if place.node:
+            return _hdf5_record(place)
+    except Exception:  # not made from other data, or unreadable: the source's own checks say which
+        pass
+    return []
+
+
+def _described(text: str) -> list[tuple[bool, str]]:
+    """(a path, not a root?, where) of each root and path a source's repr names (``FolderSource(root='/d')``)."""
+    found = []
+    for name, quoted in _NAMED.findall(text):
+        with contextlib.suppress(ValueError, SyntaxError):
+            found.append((name == "path", str(ast.literal_eval(quoted))))
+    return found
+
+
+def _origins(place: Place, options: dict | None, dataset: bool, depth: int = DEPTH) -> list[Place]:
+    out: list[Place] = []
+    if depth <= 0:
+        return out
+    for text, part in _records(place, options, dataset):
+        for path, where in _described(text):
+            origin = _url(where, live=False, slice=part) if is_url(where) else _local(where, slice=part)
+            out.append(origin)
+            out += [replace(o, slice=o.slice or part) for o in _origins(origin, None, path, depth - 1)]
+    return out
+
+
+def data_of(source, prefix: str = "source") -> list[Data]:
+    """Each key of ``source`` that names data (its ``root``, ``val_path``, ...), resolved once per source."""
+    try:
+        found = _resolved.get(source)
+    except TypeError:  # not weakly referable
+        found = None
+    if found is None:
+        found = _resolve(source)
+        with contextlib.suppress(TypeError):
+            _resolved[source] = found
+    return [replace(d, key=f"{prefix}.{d.key}") for d in found]
+
+
+_resolved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _resolve(source) -> list[Data]:
+    paths = getattr(source, "paths", None)  # wds keeps its paths as written, by config key
+    options = getattr(source, "storage_options", None)
+    images_key = getattr(source, "images_key", None)
+    out = []
+    for attr, role in ROLES:
+        value = paths.get(f"source.{attr}") if isinstance(paths, dict) else getattr(source, attr, None)
+        if not value or not isinstance(value, (str, os.PathLike)):
+            continue
+        places = _places(str(value), options, images_key)
+        dataset = attr.endswith("path")  # a root is a tree of class folders, never a shards dataset
+        origins = [o for p in places for o in _origins(p, options, dataset)]
+        out.append(Data(attr, role, str(value), places, origins))
+    return out
+
+
+# -- comparing ----------------------------------------------------------------------------------------------------
+def _inside(path: str, base: str) -> bool:
+    return path.startswith(base.rstrip("/") + "/")
+
+
+def _same(p: Place, q: Place) -> str | None:
+    """How ``p`` and ``q`` hold the same data, or None."""
+    if p.remote != q.remote or (p.key and q.key and p.key != q.key):
+        return None
+    if p.remote and p.endpoint and q.endpoint and p.endpoint != q.endpoint:
+        return None
+    what = "prefix" if p.remote else "directory" if p.folder else "file"
+    if p.real == q.real:
+        return f"the same {what}, {p.real}"
+    if p.node is not None and p.node == q.node:
+        return f"the same {what}: {p.real} and {q.real} are one, linked or mounted twice"
+    for inner, outer in ((p, q), (q, p)):
+        if outer.folder and _inside(inner.real, outer.real):
+            return f"{inner.real} lies inside {outer.real}"
+    return None
+
+
+def _slices_apart(p: Place, q: Place) -> bool:
+    """Two parts of one conversion (the same N, seed, shuffle and rows): disjoint slices of its order."""
+    return bool(p.slice and q.slice and p.slice[1:] == q.slice[1:] and p.slice[0] != q.slice[0])
+
+
+def meet(a: Data, b: Data) -> str | None:
+    """How ``a`` and ``b`` read the same samples, or None."""
+    for p in a.places:
+        for q in b.places:
+            how = _same(p, q)
+            if how:
+                return how
+    for x, y in ((a, b), (b, a)):
+        for p in x.places:
+            for o in y.origins:
+                if _same(p, o):
+                    return f"{y.shown} was made from {o.shown}, as it records"
+    for o in a.origins:
+        for r in b.origins:
+            if _same(o, r) and not _slices_apart(o, r):
+                return f"both were made from {o.shown}, as they record"
+    return None
+
+
+def check_own(source) -> None:
+    """``source``'s held-out data is neither its training data nor the other held-out split's: a val or test
+    score on samples the model trained on (or test on the samples val chose the model by) looks good and
+    means nothing. Called by each source when it is built."""
+    data = data_of(source)
+    for held in (d for d in data if d.role != "train"):
+        for train in (d for d in data if d.role == "train"):
+            how = meet(train, held)
+            if how:
+                raise ValueError(
+                    f"{held.key} '{held.shown}' is the training data of {train.key} '{train.shown}' ({how}): "
+                    f"every {held.role} sample would be one the model trains on. Give {held.key} other samples, "
+                    f"or leave it unset and hold a share out with source.{held.role}_fraction"
+                )
+    for val in (d for d in data if d.role == "val"):
+        for test in (d for d in data if d.role == "test"):
+            how = meet(val, test)
+            if how:
+                raise ValueError(
+                    f"{test.key} '{test.shown}' is the data of {val.key} '{val.shown}' ({how}): the test score "
+                    f"would be of the samples validation chose the model by. Give {test.key} other samples, or "
+                    f"leave it unset and hold a share out with source.test_fraction"
+                )
