@@ -11,13 +11,18 @@ workers) and every dataset they read (the callers name chunks apart), under one 
     <dir>.stats             chunks and bytes fetched (``fetched()``): beside the directory, not in it, so that
                             a limit of exactly the chunks it must hold holds them
 
+A chunk's name is its cache name (``cache_room.NAME``: a 16-digit hex digest, ``-``, its file name, as
+``cached_chunks.cache_name`` makes them). Only what the cache wrote is read or removed (``cache_trust.py``):
+the directory is this user's and no one else can write to it (feedline makes it 0o700 whatever the umask),
+and each file is checked to be this user's as it is opened (once per chunk open, never per sample), never
+through a symlink. Anything else in the directory counts against the limit and is never read or removed.
+
 The bound: a download is admitted, under the directory lock, only when the sizes of every file in the
-directory plus its own fit ``limit``; to make room, complete chunks are evicted, least recently used first,
-each only when no process is reading it (``LOCK_EX | LOCK_NB`` on it), truncated to 0 bytes (which frees its
-blocks at once, even where another process holds it open) and unlinked. Readers take ``LOCK_SH`` on a chunk
-for the read only (``read``: one ``pread``), after checking its size: a chunk evicted since it was opened
-reads as 0 bytes and is fetched again. Nothing is memory-mapped: a map of an evicted chunk would hold its
-blocks (or fault); a sample's bytes are one ``pread``, a copy of an encoded image.
+directory plus its own fit ``limit``; to make room, complete chunks not being read are evicted, least recently
+used first (``cache_room.py``). Readers take ``LOCK_SH`` on a chunk for the read only (``read``: one
+``pread``), after checking its size: a chunk evicted since it was opened reads as 0 bytes and is fetched
+again. Nothing is memory-mapped: a map of an evicted chunk would hold its blocks (or fault); a sample's bytes
+are one ``pread``, a copy of an encoded image.
 """
 
 from __future__ import annotations
@@ -28,10 +33,14 @@ import errno
 import fcntl
 import json
 import os
-import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import BinaryIO
+
+from feedline.datasets import cache_trust
+from feedline.datasets.cache_room import evict, held, is_chunk, make_room, remove, remove_own, usage
+from feedline.datasets.cache_trust import check_directory, make_private, open_own
 
 OPEN_FILES = 64  # chunk descriptors kept open per process (no lock is held between reads)
 WAIT = 0.02  # seconds between looks while another process downloads a chunk or holds the room
@@ -52,14 +61,19 @@ class ChunkCache:
 
     def __init__(self, directory: str, limit: int, key: str = "source.cache_limit"):
         self.directory, self.limit, self.key = str(directory), int(limit), key
+        self.setting = f"{key.rsplit('.', 1)[0]}.cache_dir (or paths.cache_dir, FEEDLINE_CACHE_DIR)"
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            os.close(os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644))
+            make_private(self.directory)
+            check_directory(self.directory, self.setting)  # before any file in it is trusted
+            os.close(open_own(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, self.setting)[0])
+            self.fetched()  # a stats file of another user's is named now, not mid-run
+        except cache_trust.UntrustedCacheError:
+            raise
         except OSError as err:  # a read-only mount, another user's directory: named before any work
             raise OSError(
                 err.errno,
-                f"cannot make the chunk cache {self.directory}: {err.strerror}; point source.cache_dir (or "
-                f"paths.cache_dir, FEEDLINE_CACHE_DIR) at a writable directory",
+                f"cannot make the chunk cache {self.directory}: {err.strerror}; point {self.setting} at a "
+                f"writable directory",
             ) from None
         self._files: collections.OrderedDict | None = None
         self._pid = None
@@ -73,6 +87,8 @@ class ChunkCache:
     # -- reading ---------------------------------------------------------------------------------------------
     def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytearray:
         """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
+        if not is_chunk(name):
+            raise ValueError(f"{name!r} is not a chunk cache name (a 16-digit hex digest, '-', a file name)")
         if not 0 <= offset <= offset + length <= size:  # would read short every time: never an eviction
             raise ValueError(f"chunk {name}: bytes {offset}..{offset + length} asked of its {size}")
         for _ in range(100):
@@ -102,11 +118,11 @@ class ChunkCache:
         path = os.path.join(self.directory, name)
         while True:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd, st = open_own(path, os.O_RDONLY, self.setting)  # another user's file: refused
             except FileNotFoundError:
                 self._download(name, size, fetch)
                 continue
-            found = os.fstat(fd).st_size
+            found = st.st_size
             if found == size:
                 break
             os.close(fd)  # evicted between open and check (truncated, not yet unlinked): look again
@@ -115,7 +131,7 @@ class ChunkCache:
             # and what is there once we hold it may be the chunk fetched again meanwhile (of its size): kept
             with self._locked(), contextlib.suppress(FileNotFoundError):
                 if os.lstat(path).st_size != size:
-                    _evict(path)
+                    evict(path)
             time.sleep(WAIT)
         self._touch(name, fd)
         while len(files) >= OPEN_FILES:
@@ -145,18 +161,18 @@ class ChunkCache:
         waited_for_room = None
         while True:
             with self._locked():
-                if os.path.exists(path):
-                    return
-                if os.path.exists(part) and not _held(part):
-                    _remove(part)  # its writer died
-                if not os.path.exists(part):
+                if os.path.lexists(path):
+                    return  # opened (and its owner checked) by the caller
+                if os.path.lexists(part) and not held(part):
+                    self._remove_dead(part)  # its writer died
+                if not os.path.lexists(part):
                     if size > self.limit:
                         raise CacheFullError(
                             f"chunk {name} holds {size} bytes, more than {self.key}={self.limit}: raise the limit "
                             f"to at least a few chunks"
                         )
-                    if self._make_room(size):
-                        fd = os.open(part, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+                    if make_room(self.directory, self.limit, size):
+                        fd, _ = open_own(part, os.O_CREAT | os.O_EXCL | os.O_RDWR, self.setting)
                         fcntl.flock(fd, fcntl.LOCK_EX)
                         os.ftruncate(fd, size)  # the whole chunk is counted from the start
                         break
@@ -184,7 +200,7 @@ class ChunkCache:
                 os.rename(part, path)
                 self._count(size)
         except BaseException as err:
-            _remove(part)  # never read as whole: a complete chunk only ever appears by the rename
+            remove(part)  # never read as whole: a complete chunk only ever appears by the rename
             if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CacheFullError(
                     f"no space left on the disk of {self.directory} for chunk {name} ({size} bytes): {self.key}="
@@ -194,68 +210,55 @@ class ChunkCache:
         finally:
             os.close(fd)
 
-    def _make_room(self, size: int) -> bool:
-        """Under the directory lock: evict unread complete chunks, least recently used first, until ``size``
-        more bytes fit the limit."""
-        used, chunks, parts = 0, [], []
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    st = entry.stat(follow_symlinks=False)
-                    bytes_ = _size(entry)
-                    used += bytes_
-                    if entry.is_dir(follow_symlinks=False):  # an earlier layout's cache of a dataset
-                        chunks.append((st.st_mtime_ns, entry.path, bytes_))  # aged out whole
-                    elif entry.name.endswith(".part"):
-                        parts.append((entry.path, st.st_size))
-                    elif not entry.name.startswith("."):
-                        chunks.append((st.st_mtime_ns, entry.path, st.st_size))
-        for path, bytes_ in parts:
-            if used + size <= self.limit:
-                break
-            # its writer died (SIGKILL): its chunk may not be wanted again for a long time
-            if not _held(path):
-                _remove(path)
-                used -= bytes_
-        for _, path, bytes_ in sorted(chunks):
-            if used + size <= self.limit:
-                break
-            if _evict(path):
-                used -= bytes_
-        return used + size <= self.limit
-
     def usage(self) -> int:
         """Bytes in the directory now (complete chunks, downloads in progress, the cache's own files)."""
-        total = 0
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    total += _size(entry)
-        return total
+        return usage(self.directory)
 
     def _count(self, size: int) -> None:
         stats = self.fetched()
         stats["chunks"] += 1
         stats["bytes"] += int(size)
         path = self._stats_path()
-        with open(path + ".new", "w") as f:
-            json.dump(stats, f)
-        os.replace(path + ".new", path)
+        # a new file of its own (mode 0o600, a name no one else can take first), then renamed over the last
+        fd, new = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(stats, f)
+            os.replace(new, path)
+        except BaseException:
+            remove(new)
+            raise
 
     def fetched(self) -> dict:
         """Chunks and bytes fetched into this cache since it was made."""
         try:
-            with open(self._stats_path()) as f:
-                return json.load(f)
-        except (FileNotFoundError, ValueError):
+            fd, _ = open_own(self._stats_path(), os.O_RDONLY, self.setting)
+        except FileNotFoundError:
             return {"chunks": 0, "bytes": 0}
+        with os.fdopen(fd) as f:
+            try:
+                stats = json.load(f)
+            except ValueError:
+                stats = None
+        valid = isinstance(stats, dict) and all(isinstance(stats.get(k), int) for k in ("chunks", "bytes"))
+        return stats if valid else {"chunks": 0, "bytes": 0}
 
     def _stats_path(self) -> str:
         return os.path.normpath(self.directory) + ".stats"
 
+    def _remove_dead(self, part: str) -> None:
+        """A dead writer's download, removed; one the cache did not write is named, never removed."""
+        if remove_own(part):
+            return
+        os.close(open_own(part, os.O_RDONLY, self.setting)[0])  # another user's, or a symlink: raises
+        raise cache_trust.UntrustedCacheError(
+            f"the cache file {part} is not a file the cache wrote: remove it, or set {self.setting} to a "
+            f"directory of your own"
+        )
+
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        fd, _ = open_own(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, self.setting)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -278,65 +281,6 @@ class _Bounded:
         return n
 
 
-def _locked_exclusively(path: str, flags: int) -> int | None:
-    """A descriptor of ``path`` (opened with ``flags``) holding its exclusive lock, or None when the file is
-    gone or another process holds a lock on it (a download's writer, a reader mid-read)."""
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except OSError as err:
-        os.close(fd)
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return None
-        raise
-
-
-def _held(path: str) -> bool:
-    """Whether a live process holds ``path``'s lock (a download's writer)."""
-    fd = _locked_exclusively(path, os.O_RDONLY)
-    if fd is None:
-        return os.path.exists(path)
-    os.close(fd)
-    return False
-
-
-def _size(entry: os.DirEntry) -> int:
-    """Bytes of a directory entry: a file's size; a directory's files (the cache of one dataset, as the cache
-    was laid out before it was one per node), all of them."""
-    if not entry.is_dir(follow_symlinks=False):
-        return entry.stat(follow_symlinks=False).st_size
-    total = 0
-    for root, _, names in os.walk(entry.path):
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
-def _evict(path: str) -> bool:
-    """Remove a complete chunk no process is reading: truncated first, so that its blocks are freed even
-    where a process holds it open (that process sees 0 bytes and fetches it again)."""
-    if os.path.islink(path):  # not a chunk of ours: the link goes, never the file it points at
-        _remove(path)
-        return True
-    if os.path.isdir(path):  # an earlier layout's dataset cache
-        shutil.rmtree(path, ignore_errors=True)
-        return not os.path.exists(path)
-    fd = _locked_exclusively(path, os.O_RDWR)
-    if fd is None:
-        return False  # gone, or being read now
-    try:
-        os.ftruncate(fd, 0)
-        os.unlink(path)
-        return True
-    finally:
-        os.close(fd)
-
-
 def _sync(fd: int) -> None:
     """The file's bytes on the disk; a file system that keeps nothing to sync (it refuses the call) is let be."""
     try:
@@ -344,8 +288,3 @@ def _sync(fd: int) -> None:
     except OSError as err:
         if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
