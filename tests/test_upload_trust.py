@@ -199,3 +199,53 @@ def test_a_directory_and_a_prefix_holding_the_same_files_are_judged_alike(
         else:
             with pytest.raises(ValueError, match=rf"out.path={target} holds .*{refused}"):
                 writer.check_target(out(s3_server, target))
+
+
+@pytest.mark.parametrize("how", ["overwritten-at-once", "overwritten-later", "added"])
+def test_two_conversions_writing_one_prefix_at_once_publish_nothing_mixed(
+    s3_server, source, tmp_path, monkeypatch, how
+):
+    """Two machines converting to one URL (each with its own lock): one's index.json over the other's chunks
+    read as a dataset. Here the other conversion's puts come between this one's."""
+    from feedline.writers.lock import OutputBusyError
+
+    url = s3_server.new_prefix()
+    store = S3Store(url, options(s3_server), "out.path")
+    client, puts = store.client(), []
+    real = client.upload_file
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+
+    def meanwhile(path, bucket_, key, **kwargs):
+        real(path, bucket_, key, **kwargs)
+        puts.append(key)
+        if len(puts) == 2:
+            other = {
+                "overwritten-at-once": puts[1],
+                "overwritten-later": puts[0],
+                "added": f"{prefix}/chunk-7-0.bin",
+            }[how]
+            s3_server.client().put_object(Bucket=bucket, Key=other, Body=b"the other conversion's")
+
+    monkeypatch.setattr(client, "upload_file", meanwhile)
+    monkeypatch.setattr(writer, "remote_store", lambda options: store)
+    with pytest.raises(
+        OutputBusyError, match=rf"out.path={url} changed while this conversion uploaded .*chunk-"
+    ):
+        writer.convert_source(source, out(s3_server, url, chunk_bytes="1KB"))
+    assert "index.json" not in objects(s3_server, url)  # nothing published
+    monkeypatch.undo()
+    writer.convert_source(source, out(s3_server, url, chunk_bytes="1KB"))  # alone: replaced, published
+    assert set(objects(s3_server, url)) == own(s3_server, url, tmp_path)
+
+
+def test_a_symlink_planted_as_a_conversions_lock_file_is_never_followed(source, tmp_path):
+    """<out.path>.lock beside an output in a shared folder: a link there had its target truncated and
+    overwritten with the holder's name."""
+    from feedline.writers.lock import OutputBusyError
+
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine")
+    (tmp_path / "shards.lock").symlink_to(victim)
+    with pytest.raises(OutputBusyError, match=rf"lock file {tmp_path / 'shards.lock'} of .* is a symlink"):
+        writer.convert_source(source, out(None, tmp_path / "shards"))
+    assert victim.read_text() == "mine" and not (tmp_path / "shards").exists()

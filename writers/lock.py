@@ -11,6 +11,7 @@ then read what it wrote.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -49,7 +50,7 @@ def writer_lock(output: str, what: str, key: str, wait: bool = False):
 def _acquire(path: str, output: str, what: str, key: str, wait: bool) -> int:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(path, output, key)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -65,6 +66,24 @@ def _acquire(path: str, output: str, what: str, key: str, wait: bool) -> int:
         if _same_file(fd, path):  # not a lock file its last holder removed as we opened it
             return fd
         os.close(fd)
+
+
+def _open(path: str, output: str, key: str) -> int:
+    """The lock file, never through a symlink (one planted beside a shared output would have its target
+    truncated and written over)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            why = "is a symlink, never followed"
+        elif err.errno in (errno.EACCES, errno.EPERM):
+            why = "belongs to another user, who may be writing the same output"
+        else:
+            raise
+        raise OutputBusyError(
+            f"the lock file {path} of {output} {why}: {key}={output} cannot be locked; remove it if it is not "
+            f"yours and no one writes there, or set {key} to another path",
+        ) from None
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -11,19 +11,27 @@ only names that running the conversion again replaces.
 Only the earlier dataset's own objects are ever deleted or replaced (``target.py``, the rule a local
 directory keeps too): a prefix that holds any other object (a README, a nested dataset) is refused before
 anything is deleted or written, naming them.
+
+Two conversions to one prefix at once (from two machines: the lock, ``writers/lock.py``, is one machine's)
+would leave one's index over the other's chunks. So each object is put with this upload's token in its
+metadata and its ETag read back, and before ``feedline.json`` and ``index.json`` go up, one listing must
+show exactly the objects this upload put, unchanged: otherwise nothing is published, and the error says so.
 """
 
 from __future__ import annotations
 
 import os
-
-from tqdm.auto import tqdm
+import socket
+import uuid
 
 from feedline.datasets.chunks import SIDECAR
 from feedline.datasets.stores import S3Store
-from feedline.writers.target import check_replaceable, own_names
+from feedline.writers.lock import OutputBusyError
+from feedline.writers.progress import progress
+from feedline.writers.target import SHOWN, check_replaceable, own_names
 
 LAST = (SIDECAR, "index.json")  # in this order, after everything else
+TOKEN = "feedline-upload"  # the metadata key that names the upload that put an object
 
 
 def check_remote_target(store: S3Store, parts: bool) -> None:
@@ -53,12 +61,45 @@ def upload(local: str, store: S3Store) -> int:
         store._call("delete_object", name, Bucket=store.bucket, Key=store.object_key(name))
     order = [n for n in names if n not in LAST] + [n for n in LAST if n in names]
     total = sum(os.path.getsize(os.path.join(local, n)) for n in order)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading to {store.url}") as bar:
+    host = socket.gethostname().encode("ascii", "replace").decode()  # metadata is ASCII
+    token = f"{host} pid {os.getpid()} {uuid.uuid4().hex[:12]}"
+    put: dict[str, str | None] = {}  # name -> the ETag this upload put it with
+    publish = next((n for n in order if n in LAST), None)
+    with progress(total, f"uploading to {store.url}", "B", unit_scale=True) as bar:
         for name in order:
+            if name == publish:  # the dataset is published next: only what this upload wrote
+                _check_alone(store, put)
             try:
                 client.upload_file(
-                    os.path.join(local, name), store.bucket, store.object_key(name), Callback=bar.update
+                    os.path.join(local, name),
+                    store.bucket,
+                    store.object_key(name),
+                    ExtraArgs={"Metadata": {TOKEN: token}},
+                    Callback=bar.update,
                 )
             except Exception as err:
                 raise store._error(err, name) from err
+            head = store._call("head_object", name, Bucket=store.bucket, Key=store.object_key(name))
+            if head.get("Metadata", {}).get(TOKEN) != token:
+                _busy(store, [name])
+            put[name] = head.get("ETag")
     return total
+
+
+def _check_alone(store: S3Store, put: dict) -> None:
+    """Refuse to publish where the prefix holds other objects than those this upload put, or other bytes."""
+    now = store.listing()
+    changed = sorted(
+        (set(now) - set(put) - {""}) | {n for n in put if (now.get(n) or (0, None))[1] != put[n]}
+    )
+    if changed:
+        _busy(store, changed)
+
+
+def _busy(store: S3Store, changed: list[str]) -> None:
+    few = ", ".join(changed[:SHOWN]) + (f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else "")
+    raise OutputBusyError(
+        f"out.path={store.url} changed while this conversion uploaded to it ({few} written by another "
+        f"writer): another conversion is writing the same out.path. Nothing was published (no index.json "
+        f"there); run one conversion per out.path at a time, then convert again"
+    )
