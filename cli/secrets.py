@@ -112,8 +112,8 @@ def hidden_overrides(overrides) -> list[str]:
 
 
 def rewrite_override(arg: str, replace) -> str:
-    """``arg`` with each secret value in it replaced by ``replace(key, value)`` (quoted, so a reference stays
-    one); anything else (flags, other keys, references) as it is."""
+    """``arg`` with each secret value in it replaced by ``replace(key, value)``, quoted; anything else (flags,
+    other keys, references) as it is."""
     if arg.startswith("-") or "=" not in arg or not _names_a_secret(arg):
         return arg
     key = arg.split("=", 1)[0].lstrip("~+")
@@ -196,21 +196,22 @@ def _masked(key: str, value):
     return HIDDEN if _literal_secrets(key, value) else value
 
 
-def _refuse(config: DictConfig) -> list[str]:
-    """Stop the run when ``config`` holds a secret by value. Hydra turns an exception of a callback into a
-    warning and goes on, so the refusal is a ``SystemExit`` (exit status 1), which it lets through."""
+def _refuse(config: DictConfig) -> None:
+    """Stop the run when ``config`` holds a secret by value, or refers to a variable that is not set. Hydra
+    turns a callback's exception into a warning and goes on: the refusal is a ``SystemExit`` (status 1)."""
     keys = secrets_by_value(config)
     if keys:
         raise SystemExit(
             f"Error: {', '.join(keys)}: a secret written by value in a config file, which Hydra would copy into "
             f"the run's .hydra/config.yaml and a checkpoint would keep: " + _help(keys[0])
         )
-    for key, name in _unset_references("", OmegaConf.to_container(config, resolve=False)):
+    unset = _unset_references("", OmegaConf.to_container(config, resolve=False))
+    if unset:
+        key, name = unset[0]
         raise SystemExit(
             f"Error: {key} refers to the environment variable {name}, which this process does not have: export "
             f"{name}=... before the run (a resume in a new shell: give the secret again as on the first command)"
         )
-    return keys
 
 
 def _unset_references(key: str, value) -> list[tuple[str, str]]:
