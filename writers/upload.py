@@ -99,7 +99,7 @@ def _check_alone(store: S3Store, put: dict) -> None:
 def _busy(store: S3Store, changed: list[str]) -> None:
     few = ", ".join(changed[:SHOWN]) + (f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else "")
     raise OutputBusyError(
-        f"out.path={store.url} changed while this conversion uploaded to it ({few} written by another "
-        f"writer): another conversion is writing the same out.path. Nothing was published (no index.json "
-        f"there); run one conversion per out.path at a time, then convert again"
+        f"out.path={store.url} changed while this conversion uploaded to it ({few}: not as this conversion "
+        f"put them): another conversion, or someone else, is writing there too. Nothing was published (no "
+        f"index.json there); run one conversion per out.path at a time, then convert again"
     )
