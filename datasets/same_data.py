@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import glob
 import json
 import os
 import re
@@ -98,16 +97,14 @@ def _url(url: str, options: dict | None = None, live: bool = True, slice: tuple 
     return Place(str(url), store.where("").rstrip("/"), remote=True, endpoint=endpoint, slice=slice)
 
 
-def _places(value: str, options: dict | None, key: str | None) -> list[Place]:
+def _places(value: str, options: dict | None, key: str | None, tars: bool) -> list[Place]:
+    """The places ``value`` names; ``tars``: WebDataset shards (a directory, a tar, a pattern), each tar one."""
     if is_url(value):
         return [_url(value, options)]
-    path = os.path.expanduser(value)
-    if not os.path.exists(path) and (glob.has_magic(path) or "{" in path):  # WebDataset tars by a pattern
-        try:
+    if tars:
+        with contextlib.suppress(OSError, ValueError):  # a missing tar: the source names it
             return [_local(tar) for tar in find_tars(value)]
-        except (OSError, ValueError):
-            pass
-    return [_local(path, key)]
+    return [_local(value, key)]
 
 
 # -- origins: what a conversion or a layout records of the data it was made from ------------------------------
@@ -204,7 +201,7 @@ def _resolve(source) -> list[Data]:
         value = paths.get(f"source.{attr}") if isinstance(paths, dict) else getattr(source, attr, None)
         if not value or not isinstance(value, (str, os.PathLike)):
             continue
-        places = _places(str(value), options, images_key)
+        places = _places(str(value), options, images_key, tars=isinstance(paths, dict))
         dataset = attr.endswith("path")  # a root is a tree of class folders, never a shards dataset
         origins = [o for p in places for o in _origins(p, options, dataset)]
         out.append(Data(attr, role, str(value), places, origins))
@@ -227,8 +224,8 @@ def _same(p: Place, q: Place) -> str | None:
         return f"the same {what}, {p.real}"
     if p.node is not None and p.node == q.node:
         return f"the same {what}: {p.real} and {q.real} are one, linked or mounted twice"
-    for inner, outer in ((p, q), (q, p)):
-        if outer.folder and _inside(inner.real, outer.real):
+    for inner, outer in ((p, q), (q, p)):  # a tree's samples are images: a file beside them is not one
+        if outer.folder and inner.folder and _inside(inner.real, outer.real):
             return f"{inner.real} lies inside {outer.real}"
     return None
 

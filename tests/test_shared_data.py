@@ -87,6 +87,14 @@ def test_two_mix_parts_on_one_hdf5_file_are_refused_but_two_datasets_of_one_file
     assert mix.part_names == ["a", "b"]
 
 
+def test_a_file_kept_inside_a_tree_is_not_that_trees_data(data, tmp_path):
+    """An HDF5 file of other images beside a tree's class folders (or in one) is none of its samples."""
+    tree = simple_tree(tmp_path / "tree", per_class=2)
+    for where in (tmp_path / "tree" / "extra.h5", tmp_path / "tree" / "cat" / "extra.h5"):
+        where.write_bytes((data / "tree.h5").read_bytes())  # a copy: its record names another tree
+        MixSource({"tree": part(FolderSource(tree, cache_dir=data / "c")), "h5": part(HDF5Source(where))})
+
+
 @pytest.mark.parametrize("conversion", ["tree.h5", "tree-8.h5", "shards", "parts/part-00001-of-00002"])
 def test_a_tree_and_its_own_conversion_are_one_dataset_by_what_the_conversion_records(data, conversion):
     made = data / conversion
