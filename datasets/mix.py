@@ -370,5 +370,5 @@ class MixSource(Source):
             raise ValueError(f"no part of the mix has a {name} split: {'; '.join(errors)}")
         return MixRecords(names, records, kept)
 
-    def __repr__(self) -> str:
-        return f"MixSource({', '.join(self.part_names)})"
+    def __repr__(self) -> str:  # each part's own: a conversion of the mix records what it was made from
+        return f"MixSource({', '.join(f'{p.name}={p.source!r}' for p in self.parts)})"

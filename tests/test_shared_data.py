@@ -103,6 +103,20 @@ def test_a_tree_and_its_own_conversion_are_one_dataset_by_what_the_conversion_re
         MixSource({"tree": part(FolderSource(data / "tree", cache_dir=data / "c")), "conv": part(other)})
 
 
+def test_a_conversion_of_a_mix_is_the_data_of_each_of_its_parts(data, tmp_path):
+    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.options import HDF5WriteOptions
+
+    tree, other = (
+        FolderSource(data / name, val_fraction=0, cache_dir=data / "c") for name in ("tree", "other")
+    )
+    convert_source(
+        MixSource({"a": part(tree), "b": part(other)}), HDF5WriteOptions(path=str(tmp_path / "mix.h5"))
+    )
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'mix.h5'} was made from {data / 'other'}"):
+        MixSource({"other": part(other), "mixed": part(HDF5Source(tmp_path / "mix.h5"))})
+
+
 def test_parts_of_one_conversion_are_disjoint_slices_and_the_whole_is_not(data):
     parts = data / "parts"
     first, second = parts / "part-00000-of-00002", parts / "part-00001-of-00002"
