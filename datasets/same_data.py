@@ -14,8 +14,10 @@ is resolved to *places*, which compare equal however the data was named:
 and, for data that was made from other data, to what it records of its *origin*: an HDF5 file's ``source``
 attribute and a shards sidecar's ``source`` (the ``repr`` of the source converted), a lazy layout's
 ``.feedline-layout.json`` (the tree laid out). So a folder and its own HDF5 or shards conversion, or two
-copies of one conversion, are one dataset; the parts of one conversion (``out.part`` K of N, one seed) are
-disjoint slices of theirs. A copy made outside feedline (``cp`` of a tree, a foreign HDF5 file) is not seen.
+copies of one conversion, are one dataset, where their class names agree too (the path a conversion names
+may hold other data here, or have held other data where it was converted); the parts of one conversion
+(``out.part`` K of N, one seed) are disjoint slices of theirs. A copy made outside feedline (``cp`` of a
+tree, a foreign HDF5 file) is not seen.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import stat
 import weakref
 from dataclasses import dataclass, replace
 
+from feedline.datasets.listing import list_classes
 from feedline.datasets.shard_meta import read_sidecar
 from feedline.datasets.shard_parts import dataset_parts
 from feedline.datasets.stores import LocalStore, S3Store, is_url
@@ -60,6 +63,7 @@ class Place:
     endpoint: str | None = None  # a URL's endpoint; None where it is not known (a conversion's record)
     key: str | None = None  # an HDF5 file's images key; None: any
     slice: tuple | None = None  # (K, N, seed, shuffle, rows): part K of a conversion into N parts
+    classes: frozenset | None = None  # the class names of the data, where they are known
 
 
 @dataclass
@@ -114,45 +118,51 @@ def _slice(sidecar: dict) -> tuple | None:
     return tuple(sidecar.get(k) for k in ("part", "parts", "seed", "shuffle", "rows"))
 
 
-def _sidecars(place: Place, options: dict | None) -> list[tuple[str, tuple | None]]:
-    """A shards dataset's record of its source, per part (with the slice the part is), else []."""
+def _sidecars(place: Place, options: dict | None) -> tuple[list, list[tuple[str, tuple | None]]]:
+    """A shards dataset's classes, and its record of its source per part (with the slice the part is)."""
     store = S3Store(place.real, options) if place.remote else LocalStore(place.real)
-    return [
-        (str(sidecar.get("source") or ""), _slice(sidecar))
-        for sidecar in (read_sidecar(store, rel) for rel in dataset_parts(store))
-    ]
+    sidecars = [read_sidecar(store, rel) for rel in dataset_parts(store)]
+    return sidecars[0]["classes"], [(str(sc.get("source") or ""), _slice(sc)) for sc in sidecars]
 
 
-def _hdf5_record(place: Place) -> list[tuple[str, None]]:
-    """A feedline HDF5 file's record of its source, else []."""
+def _hdf5_record(place: Place) -> tuple[list | None, list[tuple[str, None]]]:
+    """A feedline HDF5 file's classes and its record of its source."""
     with open(place.real, "rb") as f:
         if f.read(len(HDF5_SIGNATURE)) != HDF5_SIGNATURE:
-            return []
+            return None, []
     import h5py
 
     with h5py.File(place.real, "r") as f:
-        return [(str(f.attrs.get("source", "")), None)] if "feedline_format" in f.attrs else []
+        if "feedline_format" not in f.attrs:
+            return None, []
+        return json.loads(f.attrs["classes"]), [(str(f.attrs.get("source", "")), None)]
 
 
-def _layout_record(place: Place) -> list[tuple[str, None]]:
-    """A lazy layout's record of the tree it was laid out from, as a source's repr would name it."""
-    with open(os.path.join(place.real, LAYOUT_MARKER), encoding="utf-8") as f:
-        return [(f"root={str(json.load(f)['src'])!r}", None)]
+def _tree_record(place: Place) -> tuple[list, list[tuple[str, None]]]:
+    """A tree's classes, and a lazy layout's record of the tree it was laid out from (as a repr names it)."""
+    marker = os.path.join(place.real, LAYOUT_MARKER)
+    if not os.path.exists(marker):
+        return list_classes(place.real), []
+    with open(marker, encoding="utf-8") as f:
+        return list_classes(place.real), [(f"root={str(json.load(f)['src'])!r}", None)]
 
 
-def _records(place: Place, options: dict | None, dataset: bool) -> list[tuple[str, tuple | None]]:
-    """(a source's repr, the slice) of each origin ``place`` records: a shards dataset's sidecars (``dataset``:
-    a path, which may be one), a lazy layout's marker, an HDF5 file's attributes."""
+def _records(place: Place, options: dict | None, dataset: bool) -> tuple[frozenset | None, list]:
+    """(the classes of the data at ``place``, (a source's repr, the slice) of each origin it records): a shards
+    dataset's sidecars (``dataset``: a path, which may be one), a tree's lazy layout marker, an HDF5 file's
+    attributes."""
     try:
         if place.remote or dataset and place.folder and place.node:
-            return _sidecars(place, options)
-        if place.folder and place.node:
-            return _layout_record(place)
-        if place.node:
-            return _hdf5_record(place)
+            classes, records = _sidecars(place, options)
+        elif place.folder and place.node:
+            classes, records = _tree_record(place)
+        elif place.node:
+            classes, records = _hdf5_record(place)
+        else:
+            return None, []
     except Exception:  # not made from other data, or unreadable: the source's own checks say which
-        pass
-    return []
+        return None, []
+    return (frozenset(map(str, classes)) if classes else None), records
 
 
 def _described(text: str) -> list[tuple[bool, str]]:
@@ -164,16 +174,22 @@ def _described(text: str) -> list[tuple[bool, str]]:
     return found
 
 
-def _origins(place: Place, options: dict | None, dataset: bool, depth: int = DEPTH) -> list[Place]:
+def _origins(
+    place: Place, options: dict | None, dataset: bool, depth: int = DEPTH
+) -> tuple[frozenset | None, list]:
+    """(the classes of the data at ``place``, the places it was made from, each with those classes: the data
+    made from a tree has the tree's classes, or more where it is a mix)."""
+    classes, records = _records(place, options, dataset)
     out: list[Place] = []
-    if depth <= 0:
-        return out
-    for text, part in _records(place, options, dataset):
+    for text, part in records if depth > 0 else []:
         for path, where in _described(text):
             origin = _url(where, live=False, slice=part) if is_url(where) else _local(where, slice=part)
-            out.append(origin)
-            out += [replace(o, slice=o.slice or part) for o in _origins(origin, None, path, depth - 1)]
-    return out
+            out.append(replace(origin, classes=classes))
+            out += [
+                replace(o, slice=o.slice or part, classes=o.classes or classes)
+                for o in _origins(origin, None, path, depth - 1)[1]
+            ]
+    return classes, out
 
 
 def data_of(source, prefix: str = "source") -> list[Data]:
@@ -201,9 +217,12 @@ def _resolve(source) -> list[Data]:
         value = paths.get(f"source.{attr}") if isinstance(paths, dict) else getattr(source, attr, None)
         if not value or not isinstance(value, (str, os.PathLike)):
             continue
-        places = _places(str(value), options, images_key, tars=isinstance(paths, dict))
         dataset = attr.endswith("path")  # a root is a tree of class folders, never a shards dataset
-        origins = [o for p in places for o in _origins(p, options, dataset)]
+        places, origins = [], []
+        for place in _places(str(value), options, images_key, tars=isinstance(paths, dict)):
+            classes, made_from = _origins(place, options, dataset)
+            places.append(replace(place, classes=classes))
+            origins += made_from
         out.append(Data(attr, role, str(value), places, origins))
     return out
 
@@ -235,6 +254,13 @@ def _slices_apart(p: Place, q: Place) -> bool:
     return bool(p.slice and q.slice and p.slice[1:] == q.slice[1:] and p.slice[0] != q.slice[0])
 
 
+def _alike(p: Place, o: Place) -> bool:
+    """Whether data and what a conversion records as its origin can be one: the path a conversion names may
+    hold other data here (or have held it there), so the class names must agree too (one may have more: a
+    conversion of a mix)."""
+    return not (p.classes and o.classes) or p.classes <= o.classes or o.classes <= p.classes
+
+
 def meet(a: Data, b: Data) -> str | None:
     """How ``a`` and ``b`` read the same samples, or None."""
     for p in a.places:
@@ -245,11 +271,11 @@ def meet(a: Data, b: Data) -> str | None:
     for x, y in ((a, b), (b, a)):
         for p in x.places:
             for o in y.origins:
-                if _same(p, o):
+                if _same(p, o) and _alike(p, o):
                     return f"{y.shown} was made from {o.shown}, as it records"
     for o in a.origins:
         for r in b.origins:
-            if _same(o, r) and not _slices_apart(o, r):
+            if _same(o, r) and _alike(o, r) and not _slices_apart(o, r):
                 return f"both were made from {o.shown}, as they record"
     return None
 

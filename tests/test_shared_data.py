@@ -117,6 +117,29 @@ def test_a_conversion_of_a_mix_is_the_data_of_each_of_its_parts(data, tmp_path):
         MixSource({"other": part(other), "mixed": part(HDF5Source(tmp_path / "mix.h5"))})
 
 
+def test_a_path_that_held_other_data_when_it_was_converted_is_not_taken_for_that_data(data, tmp_path):
+    """A conversion names the path it was made from; that path may hold other data now (or on the machine
+    that converted: /data/train is everyone's). The class names must agree too."""
+    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.options import HDF5WriteOptions
+
+    def convert(out):
+        source = FolderSource(tmp_path / "train", val_fraction=0, cache_dir=tmp_path / "c")
+        convert_source(source, HDF5WriteOptions(path=str(tmp_path / out), workers=1))
+        return HDF5Source(tmp_path / out)
+
+    simple_tree(tmp_path / "train", classes=("cat", "dog"), per_class=2)
+    first = convert("first.h5")
+    os.rename(tmp_path / "train", tmp_path / "moved")
+    simple_tree(tmp_path / "train", classes=("ant", "bee"), per_class=2)  # other data at the same path
+    second = convert("second.h5")
+    MixSource({"first": part(first), "second": part(second)})
+    tree = FolderSource(tmp_path / "train", cache_dir=tmp_path / "c")
+    MixSource({"tree": part(tree), "first": part(first)})
+    with pytest.raises(ValueError, match=r"second.h5 was made from"):
+        MixSource({"tree": part(tree), "second": part(second)})
+
+
 def test_parts_of_one_conversion_are_disjoint_slices_and_the_whole_is_not(data):
     parts = data / "parts"
     first, second = parts / "part-00000-of-00002", parts / "part-00001-of-00002"
