@@ -126,10 +126,9 @@ def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(make_cfg, tre
     assert train(elsewhere)["metrics"]["train/loss"] > 0
 
 
-def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exist(make_cfg, tree):
-    import warnings
-
-    run = [
+def two_steps(tree) -> list[str]:
+    """A run of two training steps an epoch over ``tree``, one validation batch: what resume tests repeat."""
+    return [
         "source=folder",
         f"source.root={tree}",
         "transforms=digits",
@@ -139,6 +138,12 @@ def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exis
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
     ]
+
+
+def test_a_resume_into_its_own_directory_is_not_warned_that_its_checkpoints_exist(make_cfg, tree):
+    import warnings
+
+    run = two_steps(tree)
     train(make_cfg(*run, "trainer.max_epochs=1"))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -194,16 +199,7 @@ def test_a_checkpoint_holding_other_types_is_refused_by_name_and_loads_once_allo
 ):
     import torch
 
-    run = [
-        "source=folder",
-        f"source.root={tree}",
-        "transforms=digits",
-        "trainer.accelerator=cpu",
-        "data.num_workers=0",
-        "data.batch_size=4",
-        "trainer.limit_train_batches=2",
-        "trainer.limit_val_batches=1",
-    ]
+    run = two_steps(tree)
     train(make_cfg(*run, "trainer.max_epochs=1"))
     last = tmp_path / "out" / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)  # feedline's own: tensors and plain containers
