@@ -3,6 +3,10 @@
     <cache_dir>/<kind>/<name>-<digest>/     one directory per cached thing (an index, a manifest, labels)
 
 ``cache_dir`` is ``source.cache_dir`` when set, else ``$FEEDLINE_CACHE_DIR``, else ``~/.cache/feedline``.
+Only this user's files are read there (``cache_trust.py``, the chunk cache's rule too): ``<cache_dir>`` and
+``<kind>`` are made 0o700 and checked, and a directory of one cached thing is checked with every file in it
+(one ``lstat`` each) when ``cache_path`` names it, at start-up: another user's directory or file, one others
+can write to, or a symlink is refused by name with the fix, never read, replaced or removed.
 The digest hashes what the cached content depends on (the absolute root, the extensions, a file's size
 and mtime), so two datasets never share a directory and a changed input gets a new one. Every file is
 written under a temporary name in the same directory and renamed into place: a reader sees the old file or
@@ -25,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from feedline.datasets.cache_trust import UntrustedCacheError, check_entries, make_private, private_dirs
+
 REFRESH_MODES = ("auto", "always", "never")
 
 
@@ -35,19 +41,36 @@ def check_refresh(value) -> str:
     return str(value)
 
 
+SETTING = "source.cache_dir (or paths.cache_dir, FEEDLINE_CACHE_DIR)"  # what moves a cache, in errors
+
+
 def default_cache_dir() -> str:
     return os.environ.get("FEEDLINE_CACHE_DIR") or os.path.join("~", ".cache", "feedline")
 
 
 def cache_path(kind: str, name: str, key, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cache directory of one thing: ``<cache_dir>/<kind>/<name>-<digest of key>``.
+    """The cache directory of one thing: ``<cache_dir>/<kind>/<name>-<digest of key>``, once it can be
+    trusted: ``<cache_dir>`` and ``<kind>`` made where missing and checked (``cache_trust.private_dirs``),
+    and the directory itself, where it is there, checked with every file in it (``check_entries``).
 
     ``name`` makes the directory recognisable (a root's base name); ``key`` (JSON-serialisable) is what
     the content depends on."""
     digest = hashlib.sha1(json.dumps(key).encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    base = Path(os.path.expanduser(str(cache_dir or default_cache_dir()))) / kind
+    base = os.path.expanduser(str(cache_dir or default_cache_dir()))
+    try:
+        parent = private_dirs(base, [kind], SETTING)
+    except UntrustedCacheError:
+        raise
+    except OSError as err:  # a read-only mount, a file in the way
+        raise OSError(
+            err.errno,
+            f"cannot make the cache directory {os.path.join(base, kind)}: {err.strerror}; point "
+            f"{SETTING} at a writable directory",
+        ) from None
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name or "root")
-    return base / f"{safe[:40]}-{digest}"
+    path = Path(parent) / f"{safe[:40]}-{digest}"
+    check_entries(str(path), SETTING)
+    return path
 
 
 def disk_full(err: OSError, directory) -> OSError:
@@ -181,7 +204,7 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 def _write_atomically(path: Path, write):
     """``write(binary file)`` into a temporary beside ``path``, renamed into place; returns what it returns.
     Nothing is left behind when it fails, and a full disk says which cache directory is full."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private(str(path.parent))  # a cached thing's directory (its parents made by cache_path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -1,23 +1,30 @@
 """Who may have written a cache's files: only the user the run is, or the cache is not read.
 
 A cache is read as the truth about a dataset: a chunk there is read as the chunk its name digests (endpoint,
-URL, conversion, ETag: names anyone who can list the bucket can compute). So a directory another user can
-write to is refused, naming it and the fix, and so is a file in it of another owner:
+URL, conversion, ETag: names anyone who can list the bucket can compute), an index's paths and labels as the
+tree's. So every cache directory feedline makes and reads (``<cache_dir>``, ``<cache_dir>/chunks``,
+``<cache_dir>/<kind>/<name>-<digest>``) is checked by one function, ``private_dirs``, which both caches call
+(``chunk_cache.py``, ``cache.cache_path``), and a file in them of another owner is refused:
 
-- the directory: owned by this process's user (``os.geteuid()``, root included), and writable by no one
+- a directory: owned by this process's user (``os.geteuid()``, root included), and writable by no one
   else (no group or other write bit; a sticky bit does not help: others could still create the names
-  first). feedline makes the directory it keeps its files in with mode 0o700 whatever the umask (a narrower
-  umask narrows it further), so a directory it made passes; one made otherwise is named with
-  ``chmod 700 DIR``.
-- a file: its owner checked once it is open (``fstat``, once per open, never per sample); the cache never
-  reads, truncates or deletes a file of another owner, nor follows a symlink (``O_NOFOLLOW``).
+  first). feedline makes the directories it keeps its files in with mode 0o700 whatever the umask (a
+  narrower umask narrows them further), so a directory it made passes; one made otherwise is named with
+  ``chmod 700 DIR``. The folders feedline makes under ``<cache_dir>`` are never followed where they are a
+  symlink (another user could point one at files of their choosing); ``<cache_dir>`` itself is the user's
+  own choice and may be a link (to a larger disk).
+- a file: the chunk cache checks its owner once it is open (``fstat``, once per open, never per sample), never
+  through a symlink (``O_NOFOLLOW``); the index caches check every file of a cache directory when the
+  directory is looked up (``check_entries``: one ``lstat`` each, at start-up), as no one else can add one
+  to a directory that passed. A cache never reads, truncates or deletes a file of another owner.
 
-The folders above the directory are not checked: whoever could swap the directory for another still cannot
-make its files this user's, and each file is checked as it is opened.
+The folders above ``<cache_dir>`` are not checked: whoever could swap it for another still cannot make its
+files this user's, and each file is checked before it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -44,11 +51,36 @@ def make_private(directory: str) -> None:
     os.makedirs(directory, mode=PRIVATE, exist_ok=True)
 
 
-def check_directory(directory: str, setting: str) -> None:
-    """Refuse a cache directory another user owns or can write to, naming it and the fix (``setting``: the
-    config key that moves the cache)."""
-    st = os.stat(directory)
+def private_dirs(base: str, below, setting: str) -> str:
+    """``base`` and the folders ``below`` it, one in the other (``base/below[0]/below[1]/...``), each made
+    where it is missing (mode 0o700) and checked (``check_directory``): the one rule for every cache
+    directory. ``base`` (``<cache_dir>``) may be a symlink; the folders below never are. Returns the last.
+    A few ``stat`` calls: made once per source at start-up, never per sample."""
+    make_private(base)
+    check_directory(base, setting, follow=True)
+    path = base
+    for name in below:
+        path = os.path.join(path, name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, PRIVATE)
+        check_directory(path, setting)
+    return path
+
+
+def check_directory(directory: str, setting: str, follow: bool = False) -> None:
+    """Refuse a cache directory another user owns or can write to, or (unless ``follow``) a symlink in its
+    place, naming it and the fix (``setting``: the config key that moves the cache)."""
+    st = os.stat(directory) if follow else os.lstat(directory)
     elsewhere = f"set {setting} to a directory of your own"
+    if stat.S_ISLNK(st.st_mode):
+        raise UntrustedCacheError(
+            f"the cache {directory} is a symlink: feedline makes its cache folders itself and never follows a "
+            f"link in their place (it could lead to files of another user's choosing); remove it, or {elsewhere}"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"the cache {directory} is not a directory: remove it, or {elsewhere}"
+        )
     if not mine(st):
         raise UntrustedCacheError(
             f"the cache {directory} belongs to uid {owner(st)}, not to this run's uid {os.geteuid()}: what another "
@@ -62,15 +94,45 @@ def check_directory(directory: str, setting: str) -> None:
         )
 
 
+def check_entries(directory: str, setting: str) -> None:
+    """Where ``directory`` is there: the directory (``check_directory``) and every entry in it, refusing a
+    symlink or an entry of another owner by name. One ``lstat`` per entry (an index cache holds a few)."""
+    try:
+        check_directory(directory, setting)
+    except FileNotFoundError:
+        return  # not made yet: it will be, by this user (its parent passed)
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # a temporary renamed into place meanwhile
+            if stat.S_ISLNK(st.st_mode):
+                raise _symlink(entry.path, setting)
+            if not mine(st):
+                raise _foreign(entry.path, st, setting)
+
+
+def _foreign(path: str, st: os.stat_result, setting: str) -> UntrustedCacheError:
+    return UntrustedCacheError(
+        f"the cache file {path} belongs to uid {owner(st)}, not to this run's uid {os.geteuid()}: a cache "
+        f"never reads or deletes a file it did not write; remove it (as its owner or root), or set {setting} to "
+        f"a directory of your own"
+    )
+
+
+def _symlink(path: str, setting: str) -> UntrustedCacheError:
+    return UntrustedCacheError(
+        f"the cache file {path} is a symlink: a cache never reads through a link it did not make; remove "
+        f"it, or set {setting} to a directory of your own"
+    )
+
+
 def check_file(fd: int, path: str, setting: str) -> os.stat_result:
     """The ``fstat`` of the open cache file ``path``; ``UntrustedCacheError`` where another user owns it."""
     st = os.fstat(fd)
     if not mine(st):
-        raise UntrustedCacheError(
-            f"the cache file {path} belongs to uid {owner(st)}, not to this run's uid {os.geteuid()}: a cache "
-            f"never reads or deletes a file it did not write; remove it (as its owner or root), or set {setting} to "
-            f"a directory of your own"
-        )
+        raise _foreign(path, st, setting)
     return st
 
 
@@ -81,10 +143,7 @@ def open_own(path: str, flags: int, setting: str) -> tuple[int, os.stat_result]:
         fd = os.open(path, flags | os.O_NOFOLLOW, FILE_MODE)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise UntrustedCacheError(
-                f"the cache file {path} is a symlink: a cache never reads through a link it did not make; remove "
-                f"it, or set {setting} to a directory of your own"
-            ) from None
+            raise _symlink(path, setting) from None
         raise
     try:
         return fd, check_file(fd, path, setting)

@@ -13,8 +13,8 @@ workers) and every dataset they read (the callers name chunks apart), under one 
 
 A chunk's name is its cache name (``cache_room.NAME``: a 16-digit hex digest, ``-``, its file name, as
 ``cached_chunks.cache_name`` makes them). Only what the cache wrote is read or removed (``cache_trust.py``):
-the directory is this user's and no one else can write to it (feedline makes it 0o700 whatever the umask),
-and each file is checked to be this user's as it is opened (once per chunk open, never per sample), never
+the directory and ``<cache_dir>`` above it are this user's and no one else can write to them (feedline makes
+them 0o700 whatever the umask; the rule of every cache directory, ``private_dirs``), and each file is checked to be this user's as it is opened (once per chunk open, never per sample), never
 through a symlink. Anything else in the directory counts against the limit and is never read or removed.
 
 The bound: a download is admitted, under the directory lock, only when the sizes of every file in the
@@ -40,7 +40,7 @@ from typing import BinaryIO
 
 from feedline.datasets import cache_trust
 from feedline.datasets.cache_room import evict, held, is_chunk, make_room, remove, remove_own, usage
-from feedline.datasets.cache_trust import check_directory, make_private, open_own
+from feedline.datasets.cache_trust import open_own, private_dirs
 
 OPEN_FILES = 64  # chunk descriptors kept open per process (no lock is held between reads)
 WAIT = 0.02  # seconds between looks while another process downloads a chunk or holds the room
@@ -63,8 +63,9 @@ class ChunkCache:
         self.directory, self.limit, self.key = str(directory), int(limit), key
         self.setting = f"{key.rsplit('.', 1)[0]}.cache_dir (or paths.cache_dir, FEEDLINE_CACHE_DIR)"
         try:
-            make_private(self.directory)
-            check_directory(self.directory, self.setting)  # before any file in it is trusted
+            # it and <cache_dir> above it: the rule of every cache directory, before any file in it is trusted
+            base, name = os.path.split(os.path.normpath(self.directory))
+            private_dirs(base, [name], self.setting)
             os.close(open_own(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, self.setting)[0])
             self.fetched()  # a stats file of another user's is named now, not mid-run
         except cache_trust.UntrustedCacheError:

@@ -50,7 +50,7 @@ def test_a_full_disk_under_a_split_cache_says_the_same(tmp_path, monkeypatch):
 def test_temporaries_of_a_killed_build_are_removed_by_the_next(tmp_path):
     root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png"]})
     dest = index_dir(root, index_module.IMG_EXTENSIONS, tmp_path / "cache")
-    dest.parent.mkdir(parents=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)  # index_dir makes it (mode 0o700)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = dest.parent / temporary_prefix(dest.name).replace(f"-{os.getpid()}-", f"-{dead.pid}-")
