@@ -25,12 +25,14 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import time
 import traceback
 
 import numpy as np
 
+from feedline.datasets.cache_trust import mine
 from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, part_name
 from feedline.datasets.stores import S3Store, is_url
 from feedline.writers import prepare
@@ -93,16 +95,19 @@ def convert(
 
 
 def _write_to(records, classes, options: WriteOptions, target: str, description: str) -> dict:
-    """Write locally; a URL's dataset is written in a local scratch directory (``$TMPDIR``), then uploaded
-    whole (``upload.py``)."""
+    """Write locally; a URL's dataset is written in a private scratch directory of its own under the temp dir
+    (``$TMPDIR``: ``tempfile.mkdtemp``, never a folder that was there before), then uploaded whole
+    (``upload.py``)."""
     if not is_url(target):
         return _write(records, classes, options, target, description)
-    # named for the URL and this process: a killed conversion's copy is found and removed by the next one
+    # named for the URL and this process, and made afresh (mode 0o700, a name no one else can take first: a
+    # folder of that name made by another user is never written into); a killed conversion's copy (its
+    # process gone) is found and removed by the next one, only where it is this user's
     stem = f"{_lock_path(target)}.scratch-"
     for stale in glob.glob(f"{glob.escape(stem)}*"):
-        if not _alive(stale[len(stem) :]):
+        if not _alive(stale[len(stem) :].split("-", 1)[0]) and _own_folder(stale):
             shutil.rmtree(stale, ignore_errors=True)
-    scratch = f"{stem}{os.getpid()}"
+    scratch = tempfile.mkdtemp(prefix=f"{os.path.basename(stem)}{os.getpid()}-", dir=os.path.dirname(stem))
     try:
         summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description)
         summary["bytes"] = upload(summary["path"], remote_store(options))
@@ -119,6 +124,15 @@ def _lock_path(url: str) -> str:
     return os.path.join(
         tempfile.gettempdir(), f"feedline-upload-{hashlib.blake2b(url.encode(), digest_size=8).hexdigest()}"
     )
+
+
+def _own_folder(path: str) -> bool:
+    """Whether ``path`` is a folder of this user's (not a symlink): a scratch copy a conversion of ours made."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and mine(st)
 
 
 def _alive(pid: str) -> bool:
