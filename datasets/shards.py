@@ -175,14 +175,17 @@ class ShardsSource(Source):
             )
             for k, (rel, part) in enumerate(zip(parts, labels))
         ]
-        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies)
-        least = 2 * self.window * int(chunks.nbytes.max(initial=0))
+        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies, sidecars)
+        # two windows of chunks are read at once, or every chunk of a dataset that has fewer
+        held = min(2 * self.window, len(chunks.nbytes))
+        least = held * int(chunks.nbytes.max(initial=0))
         if self.cache_limit < least:
+            many = f"2 x source.window ({self.window})" if held == 2 * self.window else f"all {held} chunks"
             raise ValueError(
                 f"source.cache_limit={describe(self.cache_limit)} is smaller than the chunks {key} '{path}' is "
-                f"read from at once: 2 x source.window ({self.window}) x its largest chunk "
-                f"({describe(int(chunks.nbytes.max()))}) = {describe(least)}; raise source.cache_limit to at least "
-                f"that, or lower source.window"
+                f"read from at once: {many} x its largest chunk ({describe(int(chunks.nbytes.max()))}) = "
+                f"{describe(least)}; raise source.cache_limit to at least that"
+                + (", or lower source.window" if held == 2 * self.window else "")
             )
         return chunks
 

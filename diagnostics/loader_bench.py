@@ -101,8 +101,12 @@ def check_warmup(loader: DataLoader, warmup: int) -> None:
     if warmup >= batches:
         raise ValueError(
             f"the train split has {batches} batch(es) of {loader.batch_size} ({samples} samples), and "
-            f"bench.warmup={warmup} skips {warmup} before timing, which leaves none: set "
-            f"bench.warmup={max(0, batches - 1)} or less, or lower data.batch_size"
+            f"bench.warmup={warmup} skips {warmup} before timing, which leaves none: "
+            + (
+                f"set bench.warmup={batches - 1} or less, or lower data.batch_size"
+                if batches > 1
+                else "set bench.warmup=0, or lower data.batch_size (or bench a larger split)"
+            )
         )
 
 

@@ -298,18 +298,21 @@ def test_the_anchor_is_printed_with_feedlines_rate_over_it(make_cfg, tmp_path):
     )
 
 
-@pytest.mark.parametrize("warmup", [3, 7])
-def test_a_warm_up_that_leaves_no_batch_to_time_names_the_batches_and_both_keys(make_cfg, tmp_path, warmup):
-    """27 training samples in batches of 4: 7 batches; a warm-up of 3 or 7 with data.batch_size=16 (2
-    batches) or 4 (7 batches) leaves none, and the error says how many there are."""
-    size = 16 if warmup == 3 else 4
+@pytest.mark.parametrize(("warmup", "size"), [(3, 16), (7, 4), (1, 32)])
+def test_a_warm_up_that_leaves_no_batch_to_time_names_the_batches_and_both_keys(
+    make_cfg, tmp_path, warmup, size
+):
+    """27 training samples: a warm-up of 3 with data.batch_size=16 (2 batches), of 7 with 4 (7 batches) or of
+    1 with 32 (1 batch) leaves none, and the error says how many there are and what to set (never "0 or
+    less": a negative warm-up is refused)."""
     batches = -(-27 // size)
     with pytest.raises(
         ValueError,
         match=rf"the train split has {batches} batch\(es\) of {size} \(27 samples\), and bench.warmup={warmup} "
         rf"skips {warmup}.*bench.warmup={batches - 1}.*data.batch_size",
-    ):
+    ) as raised:
         run(make_cfg, tmp_path, SLEEP, f"bench.warmup={warmup}", f"data.batch_size={size}")
+    assert "bench.warmup=0 or less" not in str(raised.value)
 
 
 class _ThreadsSeen:

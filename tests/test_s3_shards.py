@@ -131,6 +131,24 @@ def test_a_cache_limit_below_two_windows_of_chunks_is_refused_with_the_minimum(s
         remote_source(s3_server, remote, tmp_path, cache_limit="5KB")
 
 
+def test_a_dataset_of_fewer_chunks_than_two_windows_needs_room_for_its_chunks_only(
+    s3_server, remote, tmp_path
+):
+    """The order reads two windows of chunks at once, or every chunk where the dataset has fewer: the
+    minimum is what it reads, not 2 x source.window chunks that do not exist."""
+    sizes = (
+        remote_source(s3_server, remote, tmp_path, window=1000, cache_limit="1GB")
+        .split("train")
+        .chunks.nbytes
+    )
+    least = len(sizes) * int(sizes.max())
+    assert 2 * 1000 > len(sizes)
+    remote_source(s3_server, remote, tmp_path, window=1000, cache_limit=least)  # room for every chunk: enough
+    with pytest.raises(ValueError, match=rf"all {len(sizes)} chunks x its largest chunk") as refused:
+        remote_source(s3_server, remote, tmp_path, window=1000, cache_limit=least - 1)
+    assert "lower source.window" not in str(refused.value)  # a smaller window would not lower it
+
+
 def test_a_chunk_deleted_mid_run_is_named_with_its_url(s3_server, remote, tmp_path):
     source = remote_source(s3_server, remote, tmp_path)
     records = source.split("train")
@@ -243,7 +261,7 @@ def test_a_prefix_holding_other_objects_is_never_written_into(s3_server, tmp_pat
         Bucket=s3_server.bucket, Key=url.split("/", 3)[3] + "/notes.txt", Body=b"mine"
     )
     with pytest.raises(
-        ValueError, match="holds other objects, not a shards dataset: it is never overwritten"
+        ValueError, match="holds objects that are not a whole shards dataset.s own: it is never overwritten"
     ):
         check_remote_target(S3Store(url, options(s3_server), "out.path"), parts=False)
 
@@ -503,8 +521,9 @@ def test_a_chunk_replaced_under_a_running_job_is_refused_by_name_not_read(s3_ser
     with pytest.raises(ChunkError, match=rf"chunk {remote}/{last} was replaced after this run listed it"):
         source.prepare()
     assert not list((tmp_path / "cache").rglob("*.part"))
-    fresh = remote_source(s3_server, remote, tmp_path).split("train")  # a new run lists the new bytes
-    assert bytes(fresh.chunks.read(len(fresh) - 1)[0]) != bytes(records.chunks.read(0)[0])
+    fresh = remote_source(s3_server, remote, tmp_path).split("train")  # a new run lists the new bytes ...
+    with pytest.raises(ChunkError, match=rf"chunk {remote}/{last}: its bytes differ from what feedline.json"):
+        fresh.chunks.read(len(fresh) - 1)  # ... which are not those feedline.json records a digest of
 
 
 def test_two_datasets_on_one_node_share_the_cache_and_its_limit(s3_server, local_shards, tmp_path):

@@ -91,7 +91,7 @@ def test_a_directory_of_other_files_is_never_overwritten(make_cfg, tmp_path):
     tree = simple_tree(tmp_path / "tree", per_class=2)
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "thesis.tex").write_text("mine")
-    with pytest.raises(ValueError, match="holds other files, not a shards dataset"):
+    with pytest.raises(ValueError, match="holds files that are not a whole shards dataset.s own"):
         _convert(make_cfg, tree, tmp_path / "shards")
     assert (tmp_path / "shards" / "thesis.tex").read_text() == "mine"
 

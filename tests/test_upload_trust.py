@@ -169,7 +169,7 @@ def _no_index(d):  # what a killed upload leaves
         (_index_names_the_readme, "README.txt"),
         (_garbled_index, "whose index.json does not read"),
         (_stray_chunk, "chunk-9-9.bin"),
-        (_no_sidecar, r"not a shards dataset: it is never overwritten \(chunk-0-0.bin"),
+        (_no_sidecar, r"not a whole shards dataset.s own: it is never overwritten \(chunk-0-0.bin"),
     ],
     ids=[
         "own",

@@ -96,8 +96,9 @@ def check_replaceable(where, names: Iterable[str], shown: str) -> None:
     if "index.json" in names and SIDECAR in names:
         raise ValueError(
             f"out.path={shown} holds a shards dataset and {what} of its own ({few}): converting again would "
-            f"replace them with the dataset, so it is refused; {then}"
+            f"delete them with the earlier dataset, so it is refused; {then}"
         )
     raise ValueError(
-        f"out.path={shown} holds other {what}, not a shards dataset: it is never overwritten ({few}); {then}"
+        f"out.path={shown} holds {what} that are not a whole shards dataset's own: it is never overwritten "
+        f"({few}); {then}"
     )
