@@ -4,8 +4,11 @@
 numbering and checks (size, sample count, offsets table, every sample's label against labels.npy), made in
 one place. It gives only the primitives: a chunk's size from the listing this run pinned, and a read of
 its bytes (one ``pread`` from the cached chunk, which the first process that needs it fetches whole). A
-chunk missing from the store, of another size than ``index.json`` says, or replaced since the listing
-(its ETag) stops the run with a ``ChunkError`` naming its URL.
+chunk missing from the store, of another size than ``index.json`` says, replaced since the listing (its
+ETag), or whose bytes are not those ``feedline.json`` records (their digest, checked as the download is
+written, before the chunk enters the cache) stops the run with a ``ChunkError`` naming its URL. A dataset
+whose sidecar records no digests (an earlier feedline's) is read as before. A local chunk is never hashed
+(``chunks.Chunks`` checks it by its size, offsets table and labels only): the digest guards the download.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from feedline.datasets.chunk_cache import ChunkCache
+from feedline.datasets.chunk_cache import ChunkCache, DigestError
 from feedline.datasets.chunks import ChunkError, Chunks, load_index
+from feedline.datasets.shard_meta import SIDECAR, chunk_digests, join, read_sidecar
 from feedline.datasets.stores import StoreError
 
 
@@ -34,40 +38,46 @@ def cache_name(base: str, rel: str, etag: str | None) -> str:
 
 class CachedChunks(Chunks):
     """``files``: the chunks' names relative to ``store`` (``part-.../chunk-0-0.bin``); ``labels``: per part,
-    a local copy of its labels.npy and the URL it was read from."""
+    a local copy of its labels.npy and the URL it was read from; ``digests``: per chunk, the (algorithm, hex
+    digest) its part's feedline.json records, or None."""
 
     AGAIN = "upload the dataset again, or convert it again"
 
     def __init__(
         self, store, cache: ChunkCache, files: list[str], sizes, nbytes, listed: dict, names: list[str],
-        parts=(0,), labels=None,
+        parts=(0,), labels=None, digests=None,
     ):  # fmt: skip
         super().__init__(files, sizes, nbytes, parts, labels)
         self.store, self.cache, self.listed, self.names = store, cache, listed, names
+        self.digests = list(digests) if digests is not None else [None] * len(self.files)
 
     @classmethod
     def of_store(
-        cls, store, parts: list[str], cache: ChunkCache, version: str = "", labels=None
+        cls, store, parts: list[str], cache: ChunkCache, version: str = "", labels=None, sidecars=None
     ) -> CachedChunks:
-        """``version``: the conversion's identity (its index.json files and sidecars). One listing of the
-        store pins each chunk's size and ETag for the run."""
-        files, sizes, nbytes, firsts = [], [], [], []
-        for rel in parts:
+        """``version``: the conversion's identity (its index.json files and sidecars); ``sidecars``: each part's
+        feedline.json as read (``shard_meta.read_sidecar``; read here when not given), whose chunk digests
+        every download must match. One listing of the store pins each chunk's size and ETag for the run."""
+        files, sizes, nbytes, firsts, digests = [], [], [], [], []
+        for k, rel in enumerate(parts):
             firsts.append(len(files))
-            for chunk in load_index(store, rel):
-                files.append(f"{rel}/{chunk['filename']}" if rel else chunk["filename"])
+            entries = load_index(store, rel)
+            sidecar = sidecars[k] if sidecars is not None else read_sidecar(store, rel)
+            digests += chunk_digests(sidecar, entries, store.where(join(rel, SIDECAR)))
+            for chunk in entries:
+                files.append(join(rel, chunk["filename"]))
                 sizes.append(chunk["chunk_size"])
                 nbytes.append(chunk["chunk_bytes"])
         wanted = set(files)
         listed = {rel: entry for rel, entry in store.listing().items() if rel in wanted}
         base = f"{store.endpoint}\n{store.url}\n{version}"
         names = [cache_name(base, rel, (listed.get(rel) or (0, None))[1]) for rel in files]
-        return cls(store, cache, files, sizes, nbytes, listed, names, firsts, labels)
+        return cls(store, cache, files, sizes, nbytes, listed, names, firsts, labels, digests)
 
     def __getstate__(self):
         return (
             self.store, self.cache, self.files, self.sizes, self.nbytes, self.listed, self.names, self.parts,
-            self.label_files,
+            self.label_files, self.digests,
         )  # fmt: skip
 
     def __setstate__(self, state):
@@ -108,8 +118,19 @@ class CachedChunks(Chunks):
         etag = (self.listed.get(rel) or (0, None))[1]
         try:
             return self.cache.read(
-                self.names[c], int(self.nbytes[c]), offset, length, self.store.fetch(rel, etag)
+                self.names[c],
+                int(self.nbytes[c]),
+                offset,
+                length,
+                self.store.fetch(rel, etag),
+                self.digests[c],
             )
+        except DigestError as err:
+            raise ChunkError(
+                f"chunk {self.url(c)}: its bytes differ from what feedline.json records ({err.algorithm} "
+                f"{err.got[:16]}..., recorded {err.expected[:16]}...): it was replaced in the bucket, or damaged in "
+                f"transit; it was not cached. {self.AGAIN[0].upper()}{self.AGAIN[1:]}"
+            ) from None
         except StoreError as err:
             then = ""
             if getattr(err, "unreachable", False):  # it answered when the run listed the dataset

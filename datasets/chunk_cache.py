@@ -23,6 +23,11 @@ used first (``cache_room.py``). Readers take ``LOCK_SH`` on a chunk for the read
 ``pread``), after checking its size: a chunk evicted since it was opened reads as 0 bytes and is fetched
 again. Nothing is memory-mapped: a map of an evicted chunk would hold its blocks (or fault); a sample's bytes
 are one ``pread``, a copy of an encoded image.
+
+What a download holds: its size is index.json's, and where the dataset records the chunk's digest
+(``feedline.json``), its bytes are hashed as they are written and a chunk whose digest differs is removed
+unpublished (``DigestError``): one replaced in the bucket by another of the same size and labels, or damaged
+in transit, is never read.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import collections
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -48,10 +54,20 @@ NO_ROOM_TIMEOUT = 300.0  # seconds without room before the limit is named as too
 TOUCH_EVERY = 1.0  # seconds: a chunk's use time (its mtime, the eviction order) is refreshed at most so often
 
 Fetch = Callable[[BinaryIO], None]  # writes the chunk's bytes to the file object given
+Digest = tuple[str, str] | None  # (algorithm, hex digest) a chunk's dataset records for it, if any
 
 
 class CacheFullError(RuntimeError):
     """No room can be made: every chunk in the cache is being read or downloaded."""
+
+
+class DigestError(RuntimeError):
+    """A chunk's fetched bytes are not those its dataset records (their digest differs): nothing was published.
+    ``expected``, ``got``: the hex digests; the caller names the chunk by its URL."""
+
+    def __init__(self, name: str, algorithm: str, expected: str, got: str):
+        super().__init__(f"chunk {name}: its {algorithm} is {got}, its dataset records {expected}")
+        self.algorithm, self.expected, self.got = algorithm, expected, got
 
 
 class ChunkCache:
@@ -86,14 +102,17 @@ class ChunkCache:
         self.__init__(*state)
 
     # -- reading ---------------------------------------------------------------------------------------------
-    def read(self, name: str, size: int, offset: int, length: int, fetch: Fetch) -> bytearray:
-        """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole)."""
+    def read(
+        self, name: str, size: int, offset: int, length: int, fetch: Fetch, digest: Digest = None
+    ) -> bytearray:
+        """``length`` bytes at ``offset`` of chunk ``name`` (``size`` bytes whole). ``digest``: the (algorithm,
+        hex digest) its dataset records, which a download must match before it is published (``DigestError``)."""
         if not is_chunk(name):
             raise ValueError(f"{name!r} is not a chunk cache name (a 16-digit hex digest, '-', a file name)")
         if not 0 <= offset <= offset + length <= size:  # would read short every time: never an eviction
             raise ValueError(f"chunk {name}: bytes {offset}..{offset + length} asked of its {size}")
         for _ in range(100):
-            fd = self._open(name, size, fetch)
+            fd = self._open(name, size, fetch, digest)
             data = bytearray(length)  # writable: the image's bytes go to torch without a copy
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
@@ -108,7 +127,7 @@ class ChunkCache:
             f"{self.limit} is too small for the processes reading at once; raise it"
         )
 
-    def _open(self, name: str, size: int, fetch: Fetch) -> int:
+    def _open(self, name: str, size: int, fetch: Fetch, digest: Digest) -> int:
         files = self._process_files()
         if name in files:
             files.move_to_end(name)
@@ -121,7 +140,7 @@ class ChunkCache:
             try:
                 fd, st = open_own(path, os.O_RDONLY, self.setting)  # another user's file: refused
             except FileNotFoundError:
-                self._download(name, size, fetch)
+                self._download(name, size, fetch, digest)
                 continue
             found = st.st_size
             if found == size:
@@ -155,8 +174,10 @@ class ChunkCache:
         return self._files
 
     # -- fetching --------------------------------------------------------------------------------------------
-    def _download(self, name: str, size: int, fetch: Fetch) -> None:
-        """Fetch chunk ``name`` into place, or return once another process has (or it is there already)."""
+    def _download(self, name: str, size: int, fetch: Fetch, digest: Digest) -> None:
+        """Fetch chunk ``name`` into place, or return once another process has (or it is there already). Its
+        bytes are hashed as they are written (in order, across a resumed body too: ``stores.S3Store.fetch``
+        writes each byte once), and a chunk whose digest is not ``digest`` is never published."""
         path = os.path.join(self.directory, name)
         part = path + ".part"
         waited_for_room = None
@@ -190,12 +211,14 @@ class ChunkCache:
             time.sleep(WAIT)  # another process downloads it, or holds the room
         try:
             with os.fdopen(os.dup(fd), "r+b") as f:
-                out = _Bounded(f, size, name)
+                out = _Bounded(f, size, name, digest[0] if digest else None)
                 fetch(out)
                 if out.written != size:
                     raise OSError(f"chunk {name}: fetched {out.written} bytes, index.json says {size}")
+                if digest and out.hash.hexdigest() != digest[1]:
+                    raise DigestError(name, digest[0], digest[1], out.hash.hexdigest())
             # on the disk before it has its name: after a power loss the name holds these bytes, never a
-            # chunk-sized run of zeros that the rename outlived (a chunk carries no checksum to catch that)
+            # chunk-sized run of zeros that the rename outlived (a digest is checked only as a chunk arrives)
             _sync(fd)
             with self._locked():
                 os.rename(part, path)
@@ -268,16 +291,20 @@ class ChunkCache:
 
 
 class _Bounded:
-    """A file object that refuses to grow past the chunk's size (a server that sends more breaks no bound)."""
+    """A file object that refuses to grow past the chunk's size (a server that sends more breaks no bound),
+    and hashes what is written through it with ``algorithm`` (none: no hash), in the same pass."""
 
-    def __init__(self, f, size: int, name: str):
+    def __init__(self, f, size: int, name: str, algorithm: str | None = None):
         self.f, self.size, self.name, self.written = f, size, name, 0
+        self.hash = hashlib.new(algorithm) if algorithm else None
 
     def write(self, data) -> int:
         n = len(data)
         if self.written + n > self.size:
             raise OSError(f"chunk {self.name}: more bytes than index.json's {self.size}")
         self.f.write(data)
+        if self.hash is not None:
+            self.hash.update(data)
         self.written += n
         return n
 

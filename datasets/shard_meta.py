@@ -1,17 +1,25 @@
 """What a shards dataset says about itself, read once and checked before anything trusts it.
 
     index.json      LitData's index: the chunks in row order, each {"filename", "chunk_size", "chunk_bytes"}
-    feedline.json   feedline's sidecar: the classes, the sample count, the settings it was written with
+    feedline.json   feedline's sidecar: the classes, the sample count, the settings it was written with, and
+                    each chunk's digest ({"chunk_digests": {"algorithm": "sha256", "chunks": {name: hex}}})
     labels.npy      every sample's label in row order (int64, one dimension)
 
 A local directory and an object-storage prefix are read by the same functions (through ``stores.py``), so
 the two can never check differently. Every value the reader relies on is checked for its type and range
 where the file is loaded, and a file that fails names itself, the entry and the key, and says to copy or
 convert the dataset again: an edited or damaged file stops the run at start, never deep in a worker.
+
+A chunk's digest is checked where a chunk is downloaded (``chunk_cache.py``, as its bytes arrive, before it
+is published): a chunk replaced in a bucket by another of the same size and labels is refused there. A
+local chunk is never hashed on read (that would cost CPU per image): it is checked by its size, its offsets
+table and its samples' labels (``chunks.py``). A dataset written before digests were recorded has none, and
+is read as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -26,6 +34,8 @@ LABELS = "labels.npy"
 FORMAT = "feedline-shards/1"
 CHUNK = re.compile(r"chunk-\d+-\d+\.bin")  # LitData's chunk names: a plain name in the dataset's folder
 MAX_BYTES = 2**32 - 1  # a chunk's offsets are uint32
+DIGEST = "sha256"  # how the writer digests each chunk (recorded with the digests)
+DIGESTS = {"sha256": 64, "blake2b": 128}  # the algorithms a sidecar may name: hex digits of a digest of each
 AGAIN = "copy the dataset again, or convert it again"
 
 
@@ -160,6 +170,61 @@ FIELDS = {
     "chunk_bytes": _whole(1),
 }
 REQUIRED = ("classes", "samples")
+HEX = re.compile(r"[0-9a-f]+")
+
+
+def file_digest(path: str, algorithm: str = DIGEST) -> str:
+    """The hex digest of the whole file ``path`` (the writer's, of each chunk it wrote)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
+
+
+def _check_digests(value, shown: str) -> None:
+    """The sidecar's ``chunk_digests``: an algorithm of ``DIGESTS`` and a digest of that length per chunk name,
+    or a ValueError naming the file and the first entry that is not (never the whole map: it has one entry
+    per chunk)."""
+
+    def bad(where: str, why: str) -> ValueError:
+        return ValueError(f"{shown}: chunk_digests{where} {why}; the sidecar was edited or damaged: {AGAIN}")
+
+    if not isinstance(value, dict) or set(value) != {"algorithm", "chunks"}:
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise bad("", f"holds {keys}, not an algorithm and its chunks' digests")
+    algorithm, chunks = value["algorithm"], value["chunks"]
+    if algorithm not in DIGESTS:
+        raise bad('["algorithm"]', f"{algorithm!r} is not one of {', '.join(DIGESTS)}")
+    if not isinstance(chunks, dict):
+        raise bad('["chunks"]', f"is {type(chunks).__name__}, not an object of chunk names and digests")
+    for name, digest in chunks.items():
+        if not CHUNK.fullmatch(name):
+            raise bad(
+                '["chunks"]', f"names {name!r}, not a chunk of the dataset's folder (chunk-<w>-<n>.bin)"
+            )
+        if not (isinstance(digest, str) and len(digest) == DIGESTS[algorithm] and HEX.fullmatch(digest)):
+            raise bad(
+                f'["chunks"][{name!r}]',
+                f"= {digest!r} is not a {algorithm} digest ({DIGESTS[algorithm]} hex digits)",
+            )
+
+
+def chunk_digests(sidecar: dict, entries: list[dict], shown: str) -> list[tuple[str, str] | None]:
+    """Per chunk of ``entries`` (index.json's, in order), the (algorithm, hex digest) the sidecar records, or
+    None for each where it records none (an earlier feedline's). A sidecar that records digests records one
+    per chunk index.json names, no other: else a ValueError naming it (``shown``) and the chunk."""
+    if "chunk_digests" not in sidecar:
+        return [None] * len(entries)
+    recorded = sidecar["chunk_digests"]
+    algorithm, digests = recorded["algorithm"], recorded["chunks"]
+    names = [entry["filename"] for entry in entries]
+    missing = [name for name in names if name not in digests]
+    extra = sorted(set(digests) - set(names))
+    if missing or extra:
+        which = f"none for {missing[0]}" if missing else f"one for {extra[0]}, which index.json does not list"
+        raise ValueError(
+            f"{shown}: records the digests of {len(digests)} chunks, index.json lists {len(names)} ({which}): its "
+            f"files are not of one conversion (copied together from two, or edited); {AGAIN}"
+        )
+    return [(algorithm, digests[name]) for name in names]
 
 
 def read_sidecar(where, rel: str = "") -> dict:
@@ -177,6 +242,8 @@ def read_sidecar(where, rel: str = "") -> dict:
             raise ValueError(
                 f"{shown}: {key}={sidecar[key]!r} is not {text}; the sidecar was edited or damaged: {AGAIN}"
             )
+    if "chunk_digests" in sidecar:
+        _check_digests(sidecar["chunk_digests"], shown)
     part, parts = sidecar.get("part"), sidecar.get("parts")
     if (part is None) != (parts is None) or (parts is not None and part >= parts):
         raise ValueError(f"{shown}: part={part!r} of parts={parts!r} is no part of a conversion; {AGAIN}")
@@ -201,6 +268,11 @@ def load_labels(path: str, read=None) -> np.ndarray:
     try:
         labels = np.load(io.BytesIO(read()) if read else path, mmap_mode=None if read else "r")
     except (ValueError, EOFError, OSError) as err:  # not an .npy file, pickled, empty, a folder
+        if "pickle" in str(err) or "Python objects" in str(err):  # numpy's advice (unpickle it) runs code
+            raise ValueError(
+                f"{path} holds pickled objects, not an array of labels; feedline never unpickles a dataset's "
+                f"files (that would run code the file names): convert the dataset again"
+            ) from None
         raise ValueError(f"{path} is not readable ({err}): convert the dataset again") from None
     if not isinstance(labels, np.ndarray):  # an .npz archive: a mapping of arrays
         getattr(labels, "close", lambda: None)()
@@ -227,4 +299,10 @@ def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: i
             f"{shown}: {SIDECAR} says {said[1]} samples in {said[0]} chunks, index.json lists {samples} in {chunks}, "
             f"{LABELS} holds {labels} labels: its files are not of one conversion (copied together from two, or "
             f"edited); {AGAIN}"
+        )
+    digests = len(sidecar["chunk_digests"]["chunks"]) if "chunk_digests" in sidecar else chunks
+    if digests != chunks:  # which chunks they are is checked where they are used (``chunk_digests``)
+        raise ValueError(
+            f"{shown}: {SIDECAR} records the digests of {digests} chunks, index.json lists {chunks}: its files are "
+            f"not of one conversion (copied together from two, or edited); {AGAIN}"
         )

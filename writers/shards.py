@@ -34,6 +34,7 @@ import numpy as np
 
 from feedline.datasets.cache_trust import mine
 from feedline.datasets.chunks import FORMAT, LABELS, SIDECAR, Chunks, part_name
+from feedline.datasets.shard_meta import DIGEST, file_digest
 from feedline.datasets.stores import S3Store, is_url
 from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
@@ -213,7 +214,8 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
 def _finish(out: str, work: str, classes, options: WriteOptions, description: str, records) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
     them against index.json), the classes, the inputs skipped, and every setting that decides what a sample
-    holds (the parts of one conversion must agree on them: ``datasets/shard_parts.py``)."""
+    holds (the parts of one conversion must agree on them: ``datasets/shard_parts.py``), and each chunk's
+    digest, which the chunk cache checks every download against (``datasets/chunk_cache.py``)."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
         os.remove(leftover)
     skipped = []
@@ -256,6 +258,10 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
         "source_kind": type(records).__name__,  # the source, wherever it is mounted: FolderRecords, ...
         "mode": options.mode,
         "chunk_bytes": options.chunk_byte_count(),
+        "chunk_digests": {  # of each whole file, read once more just after the labels were (in the page cache)
+            "algorithm": DIGEST,
+            "chunks": {os.path.basename(path): file_digest(path, DIGEST) for path in chunks.files},
+        },
     }
     with open(os.path.join(out, SIDECAR), "w", encoding="utf-8") as f:
         json.dump(sidecar, f, ensure_ascii=False, indent=1)
