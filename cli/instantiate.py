@@ -15,6 +15,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.datamodules.resume_checks import ResumeError
+from feedline.datasets.shard_meta import ChunkError
 from feedline.datasets.stores import StoreError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ def instantiate(cfg: DictConfig, key: str, **kwargs):
         cause = err.__cause__
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        if isinstance(cause, (OSError, ValueError, StoreError)) and _NAMES_A_KEY.search(str(cause)):
+        if isinstance(cause, ChunkError) or (
+            isinstance(cause, (OSError, ValueError, StoreError)) and _NAMES_A_KEY.search(str(cause))
+        ):
             raise cause from None
         raise InstantiationException(
             f"could not build config key '{key}' (_target_: {target}): {err}"
@@ -84,11 +87,15 @@ def short_errors():
     alone, without the traceback above it, and exit 1. ``HYDRA_FULL_ERROR=1`` shows the traceback again."""
     try:
         yield
-    except (OSError, ValueError, TypeError, ResumeError, StoreError) as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _NAMES_A_KEY.search(str(err)):
+    except (OSError, ValueError, TypeError, ResumeError, StoreError, ChunkError) as err:
+        # a ChunkError names its chunk (a damaged dataset, not a bug); from a DataLoader worker its message
+        # carries the worker's traceback, whose last line is the error itself
+        said = str(err).strip().splitlines()[-1] if isinstance(err, ChunkError) else str(err)
+        named = isinstance(err, ChunkError) or _NAMES_A_KEY.search(said)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not named:
             raise
         print(
-            f"Error: {err}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+            f"Error: {said}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
             file=sys.stderr,
         )
         raise SystemExit(1) from None

@@ -20,7 +20,7 @@ from feedline.datasets.cache import cache_path, check_array, default_cache_dir, 
 from feedline.datasets.cached_chunks import CachedChunks, cache_directory
 from feedline.datasets.chunk_cache import ChunkCache
 from feedline.datasets.chunk_order import check_window, chunk_order
-from feedline.datasets.chunks import Chunks
+from feedline.datasets.chunks import ChunkError, Chunks
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.records import Records, Source, check_class_names, require_dir
 from feedline.datasets.same_data import check_own
@@ -115,43 +115,51 @@ class ShardsSource(Source):
 
     def _dataset(self, path: str, key: str) -> dict:
         if path not in self._datasets:
-            store = self._store(path, key)
-            parts = dataset_parts(store, key)
-            sidecars = [read_sidecar(store, rel) for rel in parts]
-            check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
-            classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
-            labels = [read_labels(store, rel) for rel in parts]
-            index = hashlib.blake2b(digest_size=8)
-            for rel in parts:
-                index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
-            for part in labels:  # another write order: another split
-                index.update(np.ascontiguousarray(part, dtype=np.int64).data)
-            identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
-            chunks = self._chunks(store, parts, path, key, sidecars, labels, identity)
-            for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
-                check_counts(store.where(rel), sidecar, n, samples, len(part))
-            labels = np.concatenate(labels)
-            if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
-                raise ValueError(
-                    f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(classes)} "
-                    f"classes: convert it again"
-                )
-            # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
-            # in rows of the same count (and maybe chunks of the same sizes)
-            written = json.dumps(
-                [
-                    [sc.get(k) for k in ("seed", "shuffle", "rows", "max_side", "quality", "samples")]
-                    for sc in sidecars
-                ]
-            )
-            self._datasets[path] = {
-                "written": written,
-                "classes": classes,
-                "chunks": chunks,
-                "labels": labels,
-                "identity": identity,
-            }
+            try:
+                self._datasets[path] = self._read_dataset(path, key)
+            except (ValueError, ChunkError) as err:
+                if type(err) not in (ValueError, ChunkError) or key in str(err):
+                    raise
+                raise type(err)(f"{key} '{path}': {err}") from None  # the key that names the dataset
         return self._datasets[path]
+
+    def _read_dataset(self, path: str, key: str) -> dict:
+        store = self._store(path, key)
+        parts = dataset_parts(store, key)
+        sidecars = [read_sidecar(store, rel) for rel in parts]
+        check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
+        classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
+        labels = [read_labels(store, rel) for rel in parts]
+        index = hashlib.blake2b(digest_size=8)
+        for rel in parts:
+            index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
+        for part in labels:  # another write order: another split
+            index.update(np.ascontiguousarray(part, dtype=np.int64).data)
+        identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
+        chunks = self._chunks(store, parts, path, key, sidecars, labels, identity)
+        for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
+            check_counts(store.where(rel), sidecar, n, samples, len(part))
+        labels = np.concatenate(labels)
+        if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+            raise ValueError(
+                f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(classes)} "
+                f"classes: convert it again"
+            )
+        # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
+        # in rows of the same count (and maybe chunks of the same sizes)
+        written = json.dumps(
+            [
+                [sc.get(k) for k in ("seed", "shuffle", "rows", "max_side", "quality", "samples")]
+                for sc in sidecars
+            ]
+        )
+        return {
+            "written": written,
+            "classes": classes,
+            "chunks": chunks,
+            "labels": labels,
+            "identity": identity,
+        }
 
     def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict], labels, identity):
         """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must

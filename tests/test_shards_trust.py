@@ -372,3 +372,34 @@ def test_a_dataset_of_no_samples_is_refused_by_name(copy, tmp_path):
     np.save(copy / "labels.npy", np.zeros(0, dtype=np.int64))
     with pytest.raises(ValueError, match=rf"{re.escape(str(copy))} holds no samples"):
         ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.slow
+def test_a_damaged_dataset_stops_train_py_with_one_line_naming_its_file(copy, tmp_path):
+    """A pickled labels.npy (numpy's own error advises unpickling it) and a truncated chunk, through
+    ``python train.py``: one ``Error:`` line naming the key and the file, no traceback, no advice to unpickle."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT_DIR
+
+    def train_py(path, run):
+        args = [sys.executable, "train.py", "source=shards", f"source.path={path}", "source.val_fraction=0"]
+        args += ["trainer.fast_dev_run=true", "data.num_workers=0", f"hydra.run.dir={tmp_path / run}"]
+        args += [f"paths.output_dir={tmp_path / run}", f"paths.cache_dir={tmp_path / 'cache'}", "logger=none"]
+        env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+        return subprocess.run(args, cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=300)
+
+    pickled = shutil.copytree(copy, tmp_path / "pickled")
+    np.save(pickled / "labels.npy", np.array([{"a": 1}] * 12, dtype=object), allow_pickle=True)
+    out = train_py(pickled, "a")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"Error: source.path '{pickled}'" in out.stderr and "labels.npy holds pickled objects" in out.stderr
+    assert "allow_pickle" not in out.stderr
+
+    chunk = sorted(copy.glob("chunk-*.bin"))[0]
+    with open(chunk, "r+b") as f:
+        f.truncate(os.path.getsize(chunk) - 3)
+    out = train_py(copy, "b")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "Error: " in out.stderr and chunk.name in out.stderr
