@@ -7,8 +7,10 @@ tree's. So every cache directory feedline makes and reads (``<cache_dir>``, ``<c
 (``chunk_cache.py``, ``cache.cache_path``), and a file in them of another owner is refused:
 
 - a directory: owned by this process's user (``os.geteuid()``, root included), and writable by no one
-  else (no group or other write bit; a sticky bit does not help: others could still create the names
-  first). feedline makes the directories it keeps its files in with mode 0o700 whatever the umask (a
+  else: no other write bit (a sticky bit does not help: others could still create the names first), and no
+  group write bit unless the group is the user's own private group (named as the user, its primary group,
+  no other member: Debian's and Ubuntu's default, whose umask 002 makes every new folder group-writable;
+  OpenSSH's Debian patch allows the same). feedline makes the directories it keeps its files in with mode 0o700 whatever the umask (a
   narrower umask narrows them further), so a directory it made passes; one made otherwise is named with
   ``chmod 700 DIR``. The folders feedline makes under ``<cache_dir>`` are never followed where they are a
   symlink (another user could point one at files of their choosing); ``<cache_dir>`` itself is the user's
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
+import pwd
 import stat
 
 PRIVATE = 0o700  # the directories feedline makes for a cache
@@ -44,6 +48,16 @@ def owner(st: os.stat_result) -> int:
 
 def mine(st: os.stat_result) -> bool:
     return owner(st) == os.geteuid()
+
+
+def shared_group(gid: int) -> bool:
+    """Whether users other than this one may be in group ``gid``: anything but the user's private group
+    (named as the user, the user's primary group, no member listed but the user). Unknown: shared."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return True
+    return not (group.gr_name == user.pw_name and gid == user.pw_gid and set(group.gr_mem) <= {user.pw_name})
 
 
 def make_private(directory: str) -> None:
@@ -86,7 +100,7 @@ def check_directory(directory: str, setting: str, follow: bool = False) -> None:
             f"the cache {directory} belongs to uid {owner(st)}, not to this run's uid {os.geteuid()}: what another "
             f"user wrote there would be read as the dataset's, so it is never used; {elsewhere}"
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and shared_group(st.st_gid)):
         raise UntrustedCacheError(
             f"the cache {directory} can be written by other users (mode {stat.S_IMODE(st.st_mode):#o}): what they "
             f"put there would be read as the dataset's, so it is never used; run chmod 700 {directory}, or "

@@ -45,9 +45,10 @@ def test_every_cache_name_the_reader_makes_is_one_the_cache_takes_for_its_own():
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o720])
-def test_a_cache_directory_others_can_write_to_is_refused_naming_it_and_the_fix(tmp_path, mode):
+def test_a_cache_directory_others_can_write_to_is_refused_naming_it_and_the_fix(tmp_path, mode, monkeypatch):
     """The issue's reproduction: another user made <cache_dir>/chunks world-writable and planted, under the
-    run's cache names, chunks of the same size with other pixels."""
+    run's cache names, chunks of the same size with other pixels. Group-writable: a group others are in."""
+    monkeypatch.setattr(cache_trust, "shared_group", lambda gid: True)
     directory = private(tmp_path / "chunks")
     (directory / A).write_bytes(b"planted" * (SIZE // 7) + b"!" * (SIZE % 7))
     os.chmod(directory, mode)
@@ -210,3 +211,24 @@ def test_chunks_another_user_planted_under_the_runs_cache_names_are_never_read(
         for i in range(len(theirs)):
             theirs[i]
     assert all((planted / n).read_bytes() == b"\xff" * int(b) for n, b in zip(chunks.names, chunks.nbytes))
+
+
+def test_a_group_writable_cache_is_used_only_where_the_group_is_the_users_own(monkeypatch):
+    """Debian's and Ubuntu's umask 002 makes every new folder group-writable, for the user's private group:
+    that group lets no one else write; any group with another member (or not the user's) does."""
+    from types import SimpleNamespace
+
+    me = SimpleNamespace(pw_name="ann", pw_gid=1000)
+    groups = {
+        1000: SimpleNamespace(gr_name="ann", gr_mem=[]),
+        1001: SimpleNamespace(gr_name="ann", gr_mem=["bob"]),
+        1002: SimpleNamespace(gr_name="lab", gr_mem=["ann"]),
+    }
+    monkeypatch.setattr(cache_trust.pwd, "getpwuid", lambda uid: me)
+    monkeypatch.setattr(cache_trust.grp, "getgrgid", lambda gid: groups[gid])
+    assert not cache_trust.shared_group(1000)  # the private group
+    assert cache_trust.shared_group(1001)  # bob is in it
+    assert cache_trust.shared_group(1002)  # another group
+    me.pw_gid = 1002
+    assert cache_trust.shared_group(1000)  # named as the user, but not the user's primary group
+    assert cache_trust.shared_group(4242)  # unknown: shared

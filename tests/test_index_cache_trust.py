@@ -140,3 +140,23 @@ def test_a_shards_labels_copy_of_another_owner_is_refused(s3_server, tmp_path, m
     owned_by_another(copy, monkeypatch)
     with pytest.raises(UntrustedCacheError, match=rf"the cache file {copy} belongs to uid {OTHER}"):
         open_shards()
+
+
+def test_a_cache_made_under_umask_002_by_a_user_with_a_private_group_is_used(tmp_path):
+    """Debian's and Ubuntu's default: umask 002 and a private group per user, so every folder another tool
+    (or an earlier feedline) made is group-writable. That group lets no one else write: the cache is used,
+    `make train` works out of the box; under a group others are in, it is refused."""
+    from feedline.datasets import cache_trust
+    from feedline.datasets.cache import cache_path
+
+    old = os.umask(0o002)
+    try:
+        os.makedirs(tmp_path / "cache" / "index")  # 0o775, as another tool leaves it
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o775
+    if cache_trust.shared_group(os.stat(tmp_path / "cache").st_gid):
+        with pytest.raises(UntrustedCacheError, match="can be written by other users"):
+            cache_path("index", "tree", ["k"], tmp_path / "cache")
+    else:  # root's group here, the user's own on a desktop: no one else writes there
+        assert cache_path("index", "tree", ["k"], tmp_path / "cache").parent == tmp_path / "cache" / "index"
