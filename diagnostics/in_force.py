@@ -30,15 +30,23 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
         found.add(UINT8_BATCHES)
     if not any(isinstance(t, (v2.ToDtype, v2.Normalize)) for t in _steps(train)):
         found.add(FLOAT_ON_DEVICE)
-    if type(datamodule.source).__name__ == "HDF5Source":
+    sources = _sources(datamodule.source)
+    if all(type(source).__name__ == "HDF5Source" for source in sources):
         found.add(ONE_FILE)
-    if type(datamodule.source).__name__ == "ShardsSource":
-        found.add(SHARDS)
-        if is_url(getattr(datamodule.source, "path", "")):
-            found.add(OBJECT_STORE)
+    for source in sources:  # a mix: what one part does holds for the run's reads of it
+        if type(source).__name__ == "ShardsSource":
+            found.add(SHARDS)
+            if is_url(getattr(source, "path", "")):
+                found.add(OBJECT_STORE)
     if workers >= cpus:
         found.add(EVERY_CPU)
     return found
+
+
+def _sources(source) -> list:
+    """The sources the loaders read: a mix's parts (``source=mix``), else the source itself."""
+    parts = getattr(source, "parts", None)
+    return [p.source for p in parts] if isinstance(parts, list) and parts else [source]
 
 
 def _steps(stack) -> list:

@@ -60,9 +60,17 @@ SUGGEST = {
     "I/O-bound": [
         Advice(
             "convert to one file read sequentially: python convert.py ... out.path=/fast/disk/train.h5, then source=hdf5",
-            moot_if=(ONE_FILE, OBJECT_STORE),
+            moot_if=(ONE_FILE, OBJECT_STORE, SHARDS),
         ),
-        Advice("shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256"),
+        Advice(
+            "shrink what is read: out.max_side=256 (encoded) or out.mode=raw out.max_side=256",
+            moot_if=(SHARDS,),
+        ),
+        Advice(
+            "shrink what is read, as shards again: python convert.py source=shards source.path=<these shards> "
+            "out.format=shards out.path=<a new path or s3:// prefix> out.max_side=256",
+            only_if=(SHARDS,),
+        ),
         Advice(
             "from object storage: source.cache_dir on a local disk and source.cache_limit above the dataset's "
             "size, so passes after the first read the node's cache (bench a second time to see that rate)",

@@ -123,6 +123,24 @@ def test_shards_from_object_storage_are_not_told_to_convert_to_a_local_hdf5():
         assert not any("source=hdf5" in s for s in advice), advice
         assert any("out.format=shards" in s and "out.max_side=256" in s for s in advice), advice
     assert any("source=hdf5" in s for s in diagnose(decode, 1000, 1, 2)["suggestions"])
+    # I/O-bound shards: shrink them as shards (never out.mode=raw, which shards refuse, nor a local HDF5)
+    for done in ({SHARDS, OBJECT_STORE}, {SHARDS}):
+        advice = diagnose(io, 100, 1, 2, done=done)["suggestions"]
+        assert not any("out.mode=raw" in s or "source=hdf5" in s for s in advice), advice
+        assert any("out.format=shards" in s for s in advice), advice
+    # a mix with a part in a bucket is read from object storage: the chunk cache's advice
+    mix = SimpleNamespace(
+        transforms=SimpleNamespace(train=None),
+        reduced_decode=False,
+        collate=None,
+        source=SimpleNamespace(
+            parts=[
+                SimpleNamespace(source=SimpleNamespace(root="/data/tree")),
+                SimpleNamespace(source=ShardsSource(path="s3://bucket/extra")),
+            ]
+        ),
+    )
+    assert {SHARDS, OBJECT_STORE} <= in_force(mix, 1, 2)
 
 
 def test_bench_reads_what_the_pipeline_already_does(make_cfg, tmp_path):
