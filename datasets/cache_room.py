@@ -61,6 +61,21 @@ def make_room(directory: str, limit: int, size: int) -> bool:
     return used + size <= limit
 
 
+def foreign(directory: str) -> list[tuple[str, int]]:
+    """The entries of ``directory`` that no eviction ever removes (a symlink, a file of another name or
+    owner) with their bytes, largest first: what a limit they fill can never make room for."""
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                st = entry.stat(follow_symlinks=False)
+                name = entry.name[: -len(PART)] if entry.name.endswith(PART) else entry.name
+                own = stat.S_ISREG(st.st_mode) and mine(st) and is_chunk(name)
+                if not own and not stat.S_ISDIR(st.st_mode):  # a folder: an earlier layout's, aged out whole
+                    found.append((entry.path, _size(entry)))
+    return sorted(found, key=lambda item: -item[1])
+
+
 def usage(directory: str) -> int:
     """Bytes in ``directory`` now: every entry, the cache's or not."""
     total = 0

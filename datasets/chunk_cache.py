@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from feedline.datasets import cache_trust
-from feedline.datasets.cache_room import evict, held, is_chunk, make_room, remove, remove_own, usage
+from feedline.datasets.cache_room import evict, foreign, held, is_chunk, make_room, remove, remove_own, usage
 from feedline.datasets.cache_trust import open_own, private_dirs
 
 OPEN_FILES = 64  # chunk descriptors kept open per process (no lock is held between reads)
@@ -198,6 +198,7 @@ class ChunkCache:
                         fcntl.flock(fd, fcntl.LOCK_EX)
                         os.ftruncate(fd, size)  # the whole chunk is counted from the start
                         break
+                    self._check_foreign(name, size)  # room that waiting never frees: said at once
                     progress = self.fetched()["chunks"]
                     if waited_for_room is None or progress != waited_for_room[1]:
                         waited_for_room = (time.monotonic(), progress)  # others still fetch: room will come
@@ -233,6 +234,20 @@ class ChunkCache:
             raise
         finally:
             os.close(fd)
+
+    def _check_foreign(self, name: str, size: int) -> None:
+        """``CacheFullError`` naming the files the cache did not write (never evicted) where they leave no
+        room for ``size`` more bytes under the limit, whatever the cache's own chunks do."""
+        others = foreign(self.directory)
+        taken = sum(bytes_ for _, bytes_ in others)
+        if taken + size > self.limit:
+            shown = ", ".join(f"{path} ({bytes_} bytes)" for path, bytes_ in others[:3])
+            raise CacheFullError(
+                f"no room for chunk {name} ({size} bytes) in {self.directory}: files the cache did not write "
+                f"take {taken} of {self.key}={self.limit} bytes ({shown}{' ...' if len(others) > 3 else ''}); "
+                f"the cache never removes them: move them out, raise {self.key}, or set source.cache_dir to a "
+                f"directory of the cache's own"
+            )
 
     def usage(self) -> int:
         """Bytes in the directory now (complete chunks, downloads in progress, the cache's own files)."""

@@ -129,6 +129,23 @@ def test_what_the_cache_did_not_write_counts_against_the_limit_and_is_never_evic
     assert len([n for n in os.listdir(directory) if n in (A, B, C)]) == 2
 
 
+def test_files_the_cache_did_not_write_that_leave_no_room_are_named_at_once(tmp_path, monkeypatch):
+    """A file of the user's own (or another user's) that fills the limit can never be evicted: waiting for
+    room (300 s, blaming chunks being read) would never end in one; the error names the file at once."""
+    from feedline.datasets import chunk_cache
+    from feedline.datasets.chunk_cache import CacheFullError
+
+    directory = private(tmp_path / "chunks")
+    cache = ChunkCache(directory, 3 * SIZE)
+    (directory / "backup.tar").write_bytes(b"b" * (3 * SIZE - SIZE // 2))
+    monkeypatch.setattr(chunk_cache.time, "sleep", lambda s: pytest.fail("waited for room no one frees"))
+    with pytest.raises(
+        CacheFullError, match=rf"files the cache did not write take .*{directory / 'backup.tar'}"
+    ):
+        read_whole(cache, A, fetcher())
+    assert (directory / "backup.tar").stat().st_size == 3 * SIZE - SIZE // 2  # never removed
+
+
 def test_an_earlier_layouts_folder_holding_another_owners_file_is_never_removed(tmp_path, monkeypatch):
     directory = private(tmp_path / "chunks")
     old = directory / "bucket-train-0123456789abcdef"
