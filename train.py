@@ -61,7 +61,9 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     summary = {
         "val_acc": metrics.get("val/acc"),
-        "train_samples_per_s": round(throughput.samples_per_second, 1) if throughput else None,
+        "train_samples_per_s": (
+            round(throughput.samples_per_second, 1) if throughput and throughput.samples_per_second else None
+        ),
         "first_batch_s": round(throughput.first_batch_s, 2)
         if throughput and throughput.first_batch_s
         else None,
@@ -118,7 +120,7 @@ def _report(summary: dict) -> None:
     log.info(
         "summary: val_acc=%s  train samples/s=%s  first batch %s s after the %s  files skipped: %d  outputs: %s",
         f"{acc:.4f}" if acc is not None else "n/a",
-        summary["train_samples_per_s"],
+        summary["train_samples_per_s"] if summary["train_samples_per_s"] is not None else "n/a",
         summary["first_batch_s"],
         "job started" if summary["first_batch_from"] == "job start" else "process started",
         sum(summary["skipped"].values()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
             {
                 "job": job_dir.name,
                 "source": summary.get("choices", {}).get("source", ""),
-                "overrides": " ".join(overrides or []),
+                "overrides": " ".join(_unescaped(o) for o in overrides or []),
                 "val_acc": summary.get("val_acc"),
                 "samples_per_s": summary.get("train_samples_per_s"),
                 # source=mix: what each part gave an epoch
@@ -57,6 +58,11 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     if not any(Path(row["output_dir"]).joinpath("summary.json").exists() for row in rows):
         return []  # not a training sweep (bench.py, convert.py), or every job failed before training
     return rows
+
+
+def _unescaped(override: str) -> str:
+    """An override as the user typed it: Hydra escapes a sweep job's values (``s3\\://b``) with backslashes."""
+    return re.sub(r"\\(.)", r"\1", override)
 
 
 def _cell(value) -> str:

@@ -41,5 +41,6 @@ class ThroughputMonitor(L.Callback):
         self._last = None
 
     @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.seconds if self.seconds else 0.0
+    def samples_per_second(self) -> float | None:
+        """None where nothing was timed: an epoch of one batch (a resume with one left) has no interval."""
+        return self.samples / self.seconds if self.seconds else None

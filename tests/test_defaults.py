@@ -65,3 +65,15 @@ def test_a_sweep_job_times_its_first_batch_from_its_own_start(monkeypatch):
     monkeypatch.setattr(throughput, "process_start", lambda: pytest.fail("a sweep job reads its own start"))
     monitor.on_train_batch_start(None, None, None, 0)
     assert monitor.first_batch_s == 12.5
+
+
+def test_a_resume_with_one_batch_left_reports_no_rate_not_zero():
+    """A fit resumed inside an epoch starts timing at its first batch's end (Lightning calls no epoch start):
+    with one batch left nothing is timed, and the summary says n/a, not 0.0 samples/s."""
+    from types import SimpleNamespace
+
+    from feedline.callbacks.throughput import ThroughputMonitor
+
+    monitor = ThroughputMonitor()
+    monitor.on_train_batch_end(SimpleNamespace(world_size=1), None, None, ([0] * 8, [0] * 8), 0)
+    assert monitor.samples == 0 and monitor.samples_per_second is None

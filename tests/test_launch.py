@@ -249,11 +249,13 @@ def test_sweep_summary_has_each_parts_val_accuracy_for_a_mix(tmp_path):
         "metrics": {"val/acc": 0.6, "val/acc/base": 0.7, "val/acc/hard": 0.25, "val/loss": 1.0},
         "drawn_per_epoch": {"base": 1800, "hard": 200},
         "choices": {"source": "mix"},
-        "overrides": ["source.parts.hard.weight=0.1"],
+        "overrides": ["source.parts.hard.weight=0.1", "source.parts.hard.source.path=s3\\://b/ds"],
     }
     (tmp_path / "0" / "summary.json").write_text(json.dumps(summary))
     rows = collect(tmp_path)
     assert rows[0]["val_acc_by_part"] == "base 0.7000, hard 0.2500"
+    # as typed, not as Hydra escapes a sweep job's values
+    assert rows[0]["overrides"] == "source.parts.hard.weight=0.1 source.parts.hard.source.path=s3://b/ds"
     assert "| base 1800, hard 200 | base 0.7000, hard 0.2500 |" in write_tables(tmp_path, rows)
 
 
