@@ -1,7 +1,9 @@
 """Secrets stay out of every file a run writes: given by reference, never by value.
 
 A secret storage option (``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``, under any
-key: ``source.storage_options``, a mix part's, ``out.storage_options``) reaches a run in one of three ways:
+key: ``source.storage_options``, a mix part's, ``out.storage_options``; and any key of a ``storage_options``
+that looks like one, ``stores.is_secret``, so that a misspelt ``aws_secret_acess_key`` is kept out of every
+file too before the store refuses it by name) reaches a run in one of three ways:
 
 - **By value on the command line.** ``train.py``, ``convert.py`` and ``bench.py`` wrap their ``main`` in
   ``from_command_line``, which runs before Hydra reads ``sys.argv``: the value moves into an environment
@@ -10,14 +12,25 @@ key: ``source.storage_options``, a mix part's, ``out.storage_options``) reaches 
   on disk: ``.hydra/*.yaml``, ``multirun.yaml``, submitit's pickles, ``summary.json`` and the sweep summary
   hold the reference. Lightning's DDP ranks (started again with ``sys.argv``), a multirun's jobs and SLURM jobs
   through the submitit launcher (SLURM passes the submitting environment on by default) inherit the
-  variable, and OmegaConf resolves it where the source is built. A resume is the same command again.
+  variable, and OmegaConf resolves it where the source is built. A resume is the same command again. A
+  project of one's own gets the same by wrapping its entry point::
+
+      @from_command_line
+      @hydra.main(version_base="1.3", config_path="../configs", config_name="train.yaml")
+      def main(cfg): ...
+
 - **By reference in a config file**: ``${oc.env:NAME}``, or a resolver of the user's own. Kept as it is;
   ``cli/instantiate.py`` builds from a copy of the config, so the run's config stays unresolved.
 - **By value in a config file**: refused by ``SecretsGuard`` (a Hydra callback, ``conf/hydra/default.yaml``)
   in ``on_run_start`` / ``on_multirun_start``, before Hydra writes anything, with the forms to use instead;
   likewise a ``${oc.env:NAME}`` whose variable is not set. A multirun job whose swept config group brings a
   secret is refused in ``on_job_start``, after Hydra wrote that job's ``.hydra/``, so those files are masked
-  first. Hydra turns a callback's exception into a warning: the refusal is a ``SystemExit``.
+  first. Hydra turns a callback's exception into a warning: the refusal is a ``SystemExit``. Where ``main``
+  is not wrapped (a project that added only the guard), a secret given by value on the command line reaches
+  the guard as it is, and is refused as given there (``hydra.overrides.task``), with the forms to use there.
+
+An endpoint URL with a user name and password in it (``http://user:pass@host``) is refused on the command line
+and by the guard alike, never printed (``stores.userinfo_refusal``): S3 takes no credentials there.
 
 Checkpoints and the logger's ``hparams.yaml`` record the datamodule's config with each secret as the name of
 a variable that holds it, else as ``HIDDEN`` (``datasets/stores.py``, ``without_secrets``). The command line
@@ -40,19 +53,40 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import short_errors
-from feedline.datasets.stores import ENV_PREFIX, ENV_REFERENCE, HIDDEN, SECRET_OPTIONS, is_secret
+from feedline.datasets.stores import (
+    ENV_PREFIX,
+    ENV_REFERENCE,
+    HIDDEN,
+    SECRET_OPTIONS,
+    is_endpoint,
+    is_secret,
+    userinfo_refusal,
+)
 
 # a whole ${resolver:...} with no interpolation inside: a reference that holds no value of its own
 _RESOLVER = re.compile(r"\$\{\s*([\w.]+)\s*:[^${}]*\}")
+# set by from_command_line: this program moves a secret given by value on its command line into the environment
+MOVES_SECRETS = "FEEDLINE_MOVES_COMMAND_LINE_SECRETS"
 REFERENCE_HELP = (
-    "give it by reference instead: {key}=${{oc.env:NAME}} with NAME an environment variable exported before "
-    "the run, or a profile ({parent}.profile_name=NAME, ~/.aws/credentials), or the AWS_* variables; on the "
-    "command line a secret may also be given by value (feedline moves it into the environment)"
+    "give it by reference instead: {given}=${{oc.env:NAME}}{quote} with NAME an environment variable exported "
+    "before the run, or a profile ({parent}.profile_name=NAME, ~/.aws/credentials), or the AWS_* variables"
+)
+MOVED_HELP = (
+    "; on the command line a secret may also be given by value (feedline moves it into the environment)"
+)
+WRAP_HELP = (
+    "; or wrap the program's @hydra.main function in feedline.cli.secrets.from_command_line (as feedline's "
+    "train.py does), which moves a secret given by value on the command line into the environment before "
+    "Hydra reads it"
 )
 
 
-def _help(key: str) -> str:
-    return REFERENCE_HELP.format(key=key, parent=key.rsplit(".", 1)[0])
+def _help(key: str, given: str | None = None) -> str:
+    """The forms to use for the secret at ``key``; ``given``: its key as written on the command line (with
+    its ``+``), shown quoted for the shell."""
+    where = {"given": f"'{given}", "quote": "'"} if given else {"given": key, "quote": ""}
+    text = REFERENCE_HELP.format(parent=key.rsplit(".", 1)[0], **where)
+    return text + (MOVED_HELP if os.environ.get(MOVES_SECRETS) else WRAP_HELP)
 
 
 class SecretError(ValueError):
@@ -71,8 +105,8 @@ def is_reference(value) -> bool:
     return bool(ENV_REFERENCE.fullmatch(text) or found and not found.group(1).startswith("oc."))
 
 
-def _names_a_secret(arg: str) -> bool:
-    return any(name in arg.lower() for name in SECRET_OPTIONS)
+def _may_hold_a_secret(arg: str) -> bool:
+    return any(name in arg.lower() for name in (*SECRET_OPTIONS, "storage_options", "endpoint_url"))
 
 
 # -- the command line ------------------------------------------------------------------------------------------
@@ -83,6 +117,8 @@ def from_command_line(main):
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         if not args and not kwargs:  # Hydra reads the command line (called with a config, it does not)
+            # the guard's advice: this process, and the jobs it starts, move a secret given on the command line
+            os.environ[MOVES_SECRETS] = "1"
             with short_errors():
                 sys.argv[1:] = secrets_to_environment(sys.argv[1:])
         return main(*args, **kwargs)
@@ -106,29 +142,40 @@ def hidden_overrides(overrides) -> list[str]:
     """Overrides (``hydra.overrides.task``) as a record may hold them (``summary.json``): as written, not
     resolved (a ListConfig's items are: ``'${oc.env:NAME}'`` would read as the secret), and a secret given by
     value (through the compose API, which has no command line) reads ``HIDDEN``."""
+    return [rewrite_override(o, lambda key, value: HIDDEN) for o in _as_written(overrides)]
+
+
+def _as_written(overrides) -> list[str]:
     if OmegaConf.is_config(overrides):
         overrides = OmegaConf.to_container(overrides, resolve=False)
-    return [rewrite_override(str(o), lambda key, value: HIDDEN) for o in overrides]
+    return [str(o) for o in overrides or []]
 
 
 def rewrite_override(arg: str, replace) -> str:
     """``arg`` with each secret value in it replaced by ``replace(key, value)``, quoted; anything else (flags,
-    other keys, references) as it is."""
-    if arg.startswith("-") or "=" not in arg or not _names_a_secret(arg):
+    other keys, references) as it is. An endpoint with a user name and password is refused."""
+    if arg.startswith("-") or "=" not in arg or not _may_hold_a_secret(arg):
         return arg
-    key = arg.split("=", 1)[0].lstrip("~+")
+    given = arg.split("=", 1)[0]  # the key with the user's own +, ++ or ~
     try:
         override = OverridesParser.create().parse_override(arg)
     except Exception:
         raise SecretError(  # Hydra's own message would quote the value
-            f"{key}: Hydra cannot parse this override (its value, a secret, is not shown): quote the value, "
-            f"{key}='...'"
+            f"{given.lstrip('~+')}: Hydra cannot parse this override (its value is not shown: it may be a "
+            f"secret): quote the value for Hydra, and the whole override for the shell: '{given}=\"...\"'"
         ) from None
     key = override.key_or_group
+    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    for value in values:
+        refusal = next(filter(None, (_userinfo(k, v) for k, v in _leaves(key, value))), None)
+        if refusal:
+            raise SecretError(refusal)
     if override.is_sweep_override():
-        if any(_literal_secrets(key, value) for value in override.sweep_iterator()):
+        if any(_literal_secrets(key, value) for value in values):
             raise SecretError(
-                f"{key}: a sweep over secrets would write them into the sweep's files: " + _help(key)
+                f"{key}: a sweep over secrets would write them into the sweep's files: sweep over references "
+                f"instead, one environment variable per value ({key}=${{oc.env:NAME}}), or over profiles "
+                f"({key.rsplit('.', 1)[0]}.profile_name)"
             )
         return arg
     if override.type == OverrideType.DEL:
@@ -143,7 +190,7 @@ def rewrite_override(arg: str, replace) -> str:
             return _map(path, value, walk)
         text = value.text if isinstance(value, QuotedString) else value
         # an interpolation is Hydra's to resolve (the guard checks what it points at)
-        if not is_secret(_last(path)) or not _is_value(text) or "${" in str(text):
+        if not is_secret(path) or not _is_value(text) or "${" in str(text):
             return value
         changed = True
         return QuotedString(text=replace(path, str(text)), quote=Quote.single)  # as a user would quote it
@@ -161,22 +208,23 @@ def _map(key: str, value, function):
     return [function(f"{key}.{n}" if key else str(n), v) for n, v in enumerate(value)]
 
 
-def _last(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
-
-
 def _is_value(value) -> bool:
     return value is not None and str(value) not in ("", "???", HIDDEN)
 
 
-def _secret_leaves(key: str, value):
-    """(key, value) of every secret option under ``key`` (itself included)."""
+def _leaves(key: str, value):
+    """(key, value) of every leaf under ``key`` (itself, when ``value`` is no container)."""
     if isinstance(value, dict | list):
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for k, v in items:
-            yield from _secret_leaves(f"{key}.{k}" if key else str(k), v)
-    elif is_secret(_last(key)):
+            yield from _leaves(f"{key}.{k}" if key else str(k), v)
+    else:
         yield key, value
+
+
+def _secret_leaves(key: str, value):
+    """(key, value) of every secret option under ``key`` (itself included)."""
+    return [(k, v) for k, v in _leaves(key, value) if is_secret(k)]
 
 
 def _literal_secrets(key: str, value) -> list[str]:
@@ -190,15 +238,57 @@ def secrets_by_value(cfg: DictConfig) -> list[str]:
     return _literal_secrets("", OmegaConf.to_container(cfg, resolve=False))
 
 
+def _endpoint_refusal(cfg: DictConfig) -> str | None:
+    """What to say of the first endpoint of ``cfg`` that holds a user name and password, else None."""
+    return next(
+        filter(None, (_userinfo(k, v) for k, v in _leaves("", OmegaConf.to_container(cfg, resolve=False)))),
+        None,
+    )
+
+
+def _userinfo(key: str, value) -> str | None:
+    return userinfo_refusal(key, value) if is_endpoint(key) else None
+
+
+def _given_on_command_line(config: DictConfig) -> dict[str, str]:
+    """Each secret given by value on the run's command line (``hydra.overrides``; ``main`` not wrapped in
+    ``from_command_line``): its key -> its key as the user wrote it (``+``, ``++``)."""
+    found: dict[str, str] = {}
+    for group in ("task", "hydra"):
+        for arg in _as_written(OmegaConf.select(config, f"hydra.overrides.{group}", default=None)):
+            prefix = arg[: len(arg) - len(arg.lstrip("~+"))]
+
+            def collect(key: str, value: str, prefix: str = prefix) -> str:
+                found.setdefault(key, prefix + key)
+                return HIDDEN
+
+            rewrite_override(arg, collect)
+    return found
+
+
 def _masked(key: str, value):
     if isinstance(value, dict | list):
         return _map(key, value, _masked)
-    return HIDDEN if _literal_secrets(key, value) else value
+    return HIDDEN if _literal_secrets(key, value) or _userinfo(key, value) else value
 
 
 def _refuse(config: DictConfig) -> None:
-    """Stop the run when ``config`` holds a secret by value, or refers to a variable that is not set. Hydra
-    turns a callback's exception into a warning and goes on: the refusal is a ``SystemExit`` (status 1)."""
+    """Stop the run when ``config`` holds a secret by value, an endpoint with a password, or refers to a
+    variable that is not set. Hydra turns a callback's exception into a warning and goes on: the refusal is a
+    ``SystemExit`` (status 1)."""
+    try:
+        given = _given_on_command_line(config)
+    except SecretError as err:  # a sweep over secrets, an endpoint with a password
+        raise SystemExit(f"Error: {err}") from None
+    refusal = _endpoint_refusal(config)
+    if refusal:
+        raise SystemExit(f"Error: {refusal}")
+    if given:
+        key = next(iter(given))
+        raise SystemExit(
+            f"Error: {', '.join(given)}: a secret given by value on the command line, which Hydra would write "
+            f"into the run's .hydra/overrides.yaml, hydra.yaml and config.yaml: " + _help(key, given[key])
+        )
     keys = secrets_by_value(config)
     if keys:
         raise SystemExit(
@@ -231,7 +321,7 @@ class SecretsGuard(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A multirun job composed with a swept config group: Hydra has just written its ``.hydra/``."""
-        if not secrets_by_value(config):
+        if not secrets_by_value(config) and not _endpoint_refusal(config):
             return
         if config.hydra.output_subdir is not None:
             out = Path(config.hydra.runtime.output_dir) / str(config.hydra.output_subdir)

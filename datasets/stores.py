@@ -8,9 +8,12 @@ endpoints; ``http://`` and ``https://`` endpoints alike. Every error names the U
 Retries: bounded, with backoff (botocore's standard mode), and a chunk download that breaks mid-body goes on
 from the byte it reached; nothing waits forever.
 
-Secrets (``SECRET_OPTIONS``) are never recorded: a record of the options (a checkpoint's datamodule config)
-names the environment variable that holds each one (``${oc.env:NAME}``), else says ``HIDDEN``; the store
-reads such a reference from the environment when it makes its client, and refuses ``HIDDEN`` by key.
+Secrets (``SECRET_OPTIONS``, and any key of ``storage_options`` that looks like one: ``is_secret``) are never
+recorded: a record of the options (a checkpoint's datamodule config) names the environment variable that holds
+each one (``${oc.env:NAME}``), else says ``HIDDEN``; the store reads such a reference from the environment when
+it makes its client, and refuses ``HIDDEN`` by key. An endpoint URL with a user name and password in it
+(``http://user:pass@host``) is refused: S3 takes no credentials there (boto3 sends neither), and the URL is
+written wherever the endpoint is (configs, checkpoints, errors).
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ STORAGE_OPTIONS = (
     "read_timeout",
 )
 SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+# what a storage option's name holds (lower case, letters only) when it may be a secret: a misspelt secret
+# option (aws_secret_acess_key, secret_key, password) is kept out of every file too, then refused by name
+SECRET_WORDS = ("secret", "token", "password", "passwd", "keyid", "accesskey", "credential")
+# an endpoint URL's user name and password: scheme://user:pass@host
+_USERINFO = re.compile(r"^\s*((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#]*@([^/?#]*)")
 HIDDEN = "<hidden: feedline records no secret>"
 # the variables that a secret given by value on the command line moves into (cli/secrets.py)
 ENV_PREFIX = "FEEDLINE_SECRET_"
@@ -57,21 +65,49 @@ def _help(text: str, key: str) -> str:
 
 
 def is_secret(key) -> bool:
-    return str(key).lower() in SECRET_OPTIONS
+    """``key`` (a dotted path: ``source.storage_options.aws_secret_access_key``) names a secret: a secret
+    option anywhere, or any key right under a ``storage_options`` whose name holds one of ``SECRET_WORDS``."""
+    parent, _, name = f".{key}".rpartition(".")
+    if name.lower() in SECRET_OPTIONS:
+        return True
+    letters = re.sub(r"[^a-z]", "", name.lower())
+    return parent.rpartition(".")[2].lower() == "storage_options" and any(w in letters for w in SECRET_WORDS)
 
 
-def without_secrets(config, environ=None):
-    """``config`` (plain dicts and lists) as it may be recorded: every secret option's value replaced by
-    ``${oc.env:NAME}`` when an environment variable holds that very value (feedline moves a secret given on
-    the command line into one; ``AWS_*`` ones count too), else by ``HIDDEN``. References stay as they are."""
+def is_endpoint(key) -> bool:
+    return str(key).rpartition(".")[2].lower() == "endpoint_url"
+
+
+def userinfo_refusal(key: str, url, parent: str | None = None) -> str | None:
+    """What to say when endpoint ``url`` (at config key ``key``, its storage options at ``parent``) holds a
+    user name and password, else None. The message never holds them: it shows the URL without them."""
+    found = _USERINFO.match(url) if isinstance(url, str) else None
+    if not found:
+        return None
+    parent = parent or key.rpartition(".")[0]
+    return (
+        f"{key}: the endpoint's URL holds a user name and password (not shown), which S3 does not take "
+        f"(boto3 sends neither) and which would be written wherever the endpoint is recorded: give the "
+        f"endpoint as {found.group(1)}{found.group(2)}, and the credentials as {parent}.aws_access_key_id and "
+        f"aws_secret_access_key (by reference: '${{oc.env:NAME}}'), {parent}.profile_name or the AWS_* variables"
+    )
+
+
+def without_secrets(config, environ=None, key: str = ""):
+    """``config`` (plain dicts and lists, at config key ``key``) as it may be recorded: every secret's value
+    (``is_secret``) replaced by ``${oc.env:NAME}`` when an environment variable holds that very value
+    (feedline moves a secret given on the command line into one; ``AWS_*`` ones count too), else by
+    ``HIDDEN``. References stay as they are."""
     environ = os.environ if environ is None else environ
     if isinstance(config, dict):
         return {
-            k: _recorded_secret(v, environ) if is_secret(k) else without_secrets(v, environ)
+            k: _recorded_secret(v, environ)
+            if is_secret(f"{key}.{k}")
+            else without_secrets(v, environ, f"{key}.{k}")
             for k, v in config.items()
         }
     if isinstance(config, list):
-        return [without_secrets(v, environ) for v in config]
+        return [without_secrets(v, environ, f"{key}.{n}") for n, v in enumerate(config)]
     return config
 
 
@@ -171,12 +207,18 @@ class S3Store:
             raise ValueError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(STORAGE_OPTIONS)}"
             )
+        refusal = userinfo_refusal(f"{where}.endpoint_url", self.options.get("endpoint_url"))
+        if refusal:
+            raise ValueError(refusal)
         for name in SECRET_OPTIONS:
             if self.options.get(name) == HIDDEN:
                 raise ValueError(
                     f"{where}.{name} was hidden when this config was recorded (a checkpoint keeps no secret): "
-                    f"give it again as {where}.{name}=${{oc.env:NAME}} (NAME an environment variable that "
-                    f"holds it), or set {where}.{name}=null and use {where}.profile_name or the AWS_* variables"
+                    f"give it again by the name of an environment variable that holds it, '${{oc.env:NAME}}' "
+                    f"(or as null, with profile_name or the AWS_* variables). From Python: "
+                    f"ImageDataModule.load_from_checkpoint(path, source=config), config the recorded source "
+                    f"(torch.load(path, weights_only=True)['datamodule_hyper_parameters']['source']) with that "
+                    f"option so set; on the command line: {where}.{name}='${{oc.env:NAME}}'"
                 )
         for name in ("max_attempts", "connect_timeout", "read_timeout"):
             if self.options.get(name) is not None and _setting(name, self.options[name]) is None:
@@ -326,7 +368,15 @@ class S3Store:
                 if o.get(k) is not None
             }
             kwargs.update({k: self._secret(k) for k in SECRET_OPTIONS if k in kwargs})
-            self._client, self._pid = session.client("s3", config=config, **kwargs), os.getpid()
+            client = session.client("s3", config=config, **kwargs)
+            # the endpoint of AWS_ENDPOINT_URL or a profile (the options' own is checked when the store is made)
+            where = f"{self.key.split('.')[0]}.storage_options"
+            refusal = userinfo_refusal(
+                "AWS_ENDPOINT_URL (or a profile's endpoint_url)", client.meta.endpoint_url, where
+            )
+            if refusal:
+                raise StoreError(f"{self.url}: {refusal}")
+            self._client, self._pid = client, os.getpid()
         return self._client
 
     def _secret(self, name: str) -> str:

@@ -18,15 +18,24 @@ from omegaconf import OmegaConf, read_write
 
 from feedline.cli.instantiate import instantiate
 from feedline.cli.secrets import (
+    MOVES_SECRETS,
     SecretError,
     SecretsGuard,
     env_name,
+    from_command_line,
     hidden_overrides,
     secrets_to_environment,
 )
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.parts import build
-from feedline.datasets.stores import HIDDEN, S3Store, StoreError, without_secrets
+from feedline.datasets.stores import (
+    HIDDEN,
+    SECRET_OPTIONS,
+    STORAGE_OPTIONS,
+    S3Store,
+    StoreError,
+    without_secrets,
+)
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
@@ -75,13 +84,29 @@ def test_a_secret_inside_a_dict_override_moves_and_the_rest_is_kept():
     }
 
 
+@pytest.mark.parametrize(
+    "name", ["aws_secret_acess_key", "aws_sceret_access_key", "secret_key", "password", "AwsAccessKeyId"]
+)
+def test_a_misspelt_secret_storage_option_on_the_command_line_moves_into_the_environment_too(name):
+    """Hydra would write it into .hydra/ before the store refuses the unknown key (by name, without its value)."""
+    environ, key = {}, f"source.parts.p.source.storage_options.{name}"
+    (rewritten,) = secrets_to_environment([f"+{key}=s3cr3t"], environ)
+    assert environ == {env_name(key): "s3cr3t"} and "s3cr3t" not in rewritten
+    with pytest.raises(ValueError, match=rf"^source\.storage_options: unknown key\(s\) {name}; ") as err:
+        S3Store("s3://b/p", {name: "s3cr3t"})
+    assert "s3cr3t" not in str(err.value)
+
+
 def test_other_arguments_and_references_are_left_as_they_are():
+    others = [f"+source.storage_options.{name}=x" for name in STORAGE_OPTIONS if name not in SECRET_OPTIONS]
     args = [
         "-m",
         "source=shards",
         "trainer.max_epochs=2",
         f"{KEY}=${{oc.env:MINE}}",
         f"{KEY}=null",
+        "+model.password=x",  # a secret's name counts as one only under storage_options
+        *others,
         "--cfg",
         "job",
     ]
@@ -92,20 +117,28 @@ def test_other_arguments_and_references_are_left_as_they_are():
 @pytest.mark.parametrize(
     ("given", "said"),
     [
-        (f"{KEY}=one,two", "a sweep over secrets"),
-        (f"~{KEY}=one", f"delete a secret without its value: ~{KEY}"),
-        (f"{KEY}=a=b", "cannot parse this override (its value, a secret, is not shown)"),
+        (f"{KEY}=s3cr3t,t0k3n", "a sweep over secrets"),
+        (f"~{KEY}=s3cr3t", f"delete a secret without its value: ~{KEY}"),
+        (
+            f"+{KEY}=s3=cr3t",
+            f"""cannot parse this override (its value is not shown: it may be a secret): quote \
+the value for Hydra, and the whole override for the shell: '+{KEY}="..."'""",
+        ),
     ],
     ids=["sweep", "delete", "unparsable"],
 )
 def test_a_secret_that_cannot_become_a_reference_is_refused_without_echoing_it(given, said):
     with pytest.raises(SecretError, match=r"^source\.storage_options\.aws_secret_access_key: ") as err:
         secrets_to_environment([given], {})
-    assert (
-        said in str(err.value)
-        and "one" not in str(err.value).replace("one of", "")
-        and "a=b" not in str(err.value)
-    )
+    assert said in str(err.value)
+    assert not any(value in str(err.value) for value in ("s3", "cr3t", "t0k3n"))
+
+
+def test_the_hint_for_an_unparsable_secret_is_an_override_that_moves_it():
+    """The shell takes the outer quotes off: Hydra sees +key="a=b", the user's own + kept."""
+    environ = {}
+    assert secrets_to_environment([f'+{KEY}="a=b"'], environ) == [f"+{KEY}='${{oc.env:{env_name(KEY)}}}'"]
+    assert environ == {env_name(KEY): "a=b"}
 
 
 def test_a_summary_records_overrides_as_written_and_hides_a_secret_given_by_value(monkeypatch):
@@ -157,6 +190,93 @@ def test_a_secret_written_by_value_in_a_config_is_refused_before_the_run_starts(
             assert "=${oc.env:NAME}" in said and f"{PART}.profile_name" in said
 
 
+def test_a_misspelt_secret_written_by_value_in_a_config_is_refused_too(make_cfg):
+    cfg = make_cfg()
+    OmegaConf.update(cfg, "source.storage_options", {"aws_secret_acess_key": "s3cr3t"}, force_add=True)
+    with pytest.raises(SystemExit) as err:
+        SecretsGuard().on_run_start(cfg)
+    said = str(err.value)
+    assert said.startswith(
+        "Error: source.storage_options.aws_secret_acess_key: a secret written by value in a"
+    )
+    assert "s3cr3t" not in said
+
+
+SHARDS = ("source=shards", "source.path=s3://b/p")
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["feedline-main", "own-main"])
+def test_the_guard_tells_a_secret_given_on_the_command_line_from_one_in_a_config_file(
+    make_cfg, monkeypatch, wrapped
+):
+    """A project of one's own may add the guard without wrapping its main in from_command_line: a secret given
+    on its command line reaches the guard as it is, and is refused as given there, with the forms that work."""
+    monkeypatch.setenv(MOVES_SECRETS, "")  # unset, and unset again after the test (the wrapper sets it)
+    if wrapped:  # what feedline's train.py does before Hydra reads the command line
+        monkeypatch.setattr(sys, "argv", ["train.py"])
+        from_command_line(lambda: None)()
+    guard = SecretsGuard()
+    with pytest.raises(SystemExit) as err:
+        guard.on_run_start(make_cfg(*SHARDS, f"+{KEY}=s3cr3t"))  # the compose API: no wrapper runs
+    said = str(err.value)
+    assert said.startswith(
+        f"Error: {KEY}: a secret given by value on the command line, which Hydra would write"
+    )
+    assert f"'+{KEY}=${{oc.env:NAME}}'" in said and "config file" not in said and "s3cr3t" not in said
+    cfg = make_cfg(*SHARDS)
+    OmegaConf.update(cfg, KEY, "s3cr3t", force_add=True)  # as a source YAML of the user's would bring it
+    with pytest.raises(SystemExit) as err:
+        guard.on_run_start(cfg)
+    said = str(err.value)
+    assert said.startswith(f"Error: {KEY}: a secret written by value in a config file")
+    assert ("on the command line a secret may also be given by value (feedline moves it" in said) == wrapped
+    assert (
+        "wrap the program's @hydra.main function in feedline.cli.secrets.from_command_line" in said
+    ) != wrapped
+
+
+ENDPOINT = "source.storage_options.endpoint_url"
+
+
+def _endpoint_refusal(where: str, make_cfg, monkeypatch) -> str:
+    """What each place that meets the endpoint http://admin:PW99@127.0.0.1:8333 says of it."""
+    url = "http://admin:PW99@127.0.0.1:8333"
+    if where == "command-line":
+        with pytest.raises(SecretError) as err:
+            secrets_to_environment([f"+source.storage_options={{endpoint_url: '{url}'}}"], {})
+    elif where == "command-line-sweep":
+        with pytest.raises(SecretError) as err:
+            secrets_to_environment([f"+{ENDPOINT}=http://h:1,{url}"], {})
+    elif where == "config-file":
+        cfg = make_cfg()
+        OmegaConf.update(cfg, ENDPOINT, url, force_add=True)
+        with pytest.raises(SystemExit) as err:
+            SecretsGuard().on_run_start(cfg)
+    elif where == "store":
+        with pytest.raises(ValueError) as err:
+            S3Store("s3://b/p", {"endpoint_url": url})
+    else:  # the variable boto3 reads: the store refuses its client
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        with pytest.raises(StoreError) as err:
+            S3Store("s3://b/p").exists("index.json")
+        said = str(err.value).removeprefix("s3://b/p: ")  # the store's errors name its URL first
+        return said.replace("AWS_ENDPOINT_URL (or a profile's endpoint_url)", ENDPOINT)
+    return str(err.value).removeprefix("Error: ")
+
+
+@pytest.mark.parametrize(
+    "where", ["command-line", "command-line-sweep", "config-file", "store", "AWS_ENDPOINT_URL"]
+)
+def test_an_endpoint_with_a_password_in_its_url_is_refused_without_echoing_it(make_cfg, monkeypatch, where):
+    """S3 takes no credentials in the URL (boto3 sends neither), and the URL is written wherever the endpoint is."""
+    said = _endpoint_refusal(where, make_cfg, monkeypatch)
+    assert said.startswith(f"{ENDPOINT}: the endpoint's URL holds a user name and password (not shown)")
+    assert (
+        "give the endpoint as http://127.0.0.1:8333, and the credentials as source.storage_options." in said
+    )
+    assert "PW99" not in said and "admin" not in said
+
+
 def test_the_guard_is_one_of_the_runs_hydra_callbacks(make_cfg):
     assert make_cfg().hydra.callbacks.secrets._target_ == "feedline.cli.secrets.SecretsGuard"
 
@@ -199,6 +319,10 @@ def test_a_checkpoint_records_a_secret_by_the_variable_that_holds_it_else_hidden
     }
     assert recorded["parts"]["b"]["source"]["storage_options"] == {"aws_session_token": HIDDEN}
     assert without_secrets({"aws_session_token": "${oc.env:X}"}) == {"aws_session_token": "${oc.env:X}"}
+    misspelt = {"storage_options": {"secret_key": "s3cr3t", "aws_secret_acess_key": "t"}}
+    assert without_secrets({"parts": [misspelt]}, {"HOLDS_IT": "s3cr3t"}) == {
+        "parts": [{"storage_options": {"secret_key": "${oc.env:HOLDS_IT}", "aws_secret_acess_key": HIDDEN}}]
+    }
 
 
 def test_building_from_the_config_leaves_the_runs_config_unresolved(monkeypatch):
@@ -218,10 +342,13 @@ def test_building_from_the_config_leaves_the_runs_config_unresolved(monkeypatch)
 
 
 def test_a_hidden_secret_is_refused_by_key_and_a_reference_to_a_missing_variable_names_it(monkeypatch):
-    with pytest.raises(
-        ValueError, match=r"source.storage_options.aws_secret_access_key was hidden .*=\$\{oc.env:NAME\}"
-    ):
+    with pytest.raises(ValueError, match=r"source.storage_options.aws_secret_access_key was hidden ") as err:
         S3Store("s3://b/p", {"aws_secret_access_key": HIDDEN})
+    said = str(err.value)  # from Python (load_from_checkpoint), and from the command line
+    assert (
+        "From Python: ImageDataModule.load_from_checkpoint(path, source=config), config the recorded" in said
+    )
+    assert "on the command line: source.storage_options.aws_secret_access_key='${oc.env:NAME}'" in said
     monkeypatch.delenv("NOT_SET_HERE", raising=False)
     store = S3Store(
         "s3://b/p", {"aws_secret_access_key": "${oc.env:NOT_SET_HERE}", "endpoint_url": "http://h:1"}
@@ -402,3 +529,25 @@ def test_a_secret_written_by_value_in_the_users_config_file_refuses_the_run_befo
     assert f"{KEY}: a secret written by value in a config file" in done.stderr, done.stderr[-3000:]
     assert SECRET_KEY not in done.stderr + done.stdout
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_misspelt_secret_on_the_command_line_is_refused_by_name_and_written_nowhere(tmp_path):
+    secret = "TYPOSECRET42"
+    done = run(
+        tmp_path,
+        "train.py",
+        "source=shards",
+        "source.path=s3://bucket/train",
+        f"+source.storage_options.aws_secret_acess_key={secret}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert done.returncode != 0
+    assert "source.storage_options: unknown key(s) aws_secret_acess_key; known: " in done.stderr, done.stderr[
+        -3000:
+    ]
+    assert secret not in done.stderr + done.stdout
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert [str(p) for p in files if secret.encode() in p.read_bytes()] == []
+    written = (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()  # the run got as far as its files
+    assert env_name("source.storage_options.aws_secret_acess_key") in written
