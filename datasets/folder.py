@@ -16,7 +16,7 @@ from feedline.datasets.index import FolderIndex, open_index
 from feedline.datasets.listing import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.packed import PackedIndex
-from feedline.datasets.records import Records, Source, class_folders, read_bytes, require_dir
+from feedline.datasets.records import Records, Source, class_folders, local_path, read_bytes, require_dir
 from feedline.datasets.same_data import check_own
 from feedline.datasets.scan_plan import check_scan_workers
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
@@ -70,9 +70,9 @@ class FolderSource(Source):
         test_root: str | None = _O.test_root,
         test_fraction: float = _O.test_fraction,
     ):
-        self.root = os.path.abspath(os.path.expanduser(str(root)))
-        self.val_root = os.path.abspath(os.path.expanduser(str(val_root))) if val_root else None
-        self.test_root = os.path.abspath(os.path.expanduser(str(test_root))) if test_root else None
+        self.root = local_path(root, "source.root")
+        self.val_root = local_path(val_root, "source.val_root") if val_root else None
+        self.test_root = local_path(test_root, "source.test_root") if test_root else None
         self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
         self.seed = check_seed(seed)
         self.extensions = normalize_extensions(extensions)

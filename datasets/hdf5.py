@@ -17,7 +17,7 @@ from feedline.datasets.cache import cache_path, check_array, save_array
 from feedline.datasets.hdf5_files import check_path, map_array, open_hdf5
 from feedline.datasets.hdf5_layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file
 from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
-from feedline.datasets.records import LazyArray, Records, Source, check_class_names
+from feedline.datasets.records import LazyArray, Records, Source, check_class_names, local_path
 from feedline.datasets.same_data import check_own
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 
@@ -159,9 +159,9 @@ class HDF5Source(Source):
         test_path: str | None = _O.test_path,
         test_fraction: float = _O.test_fraction,
     ):
-        self.path = os.path.abspath(os.path.expanduser(str(path)))
-        self.val_path = os.path.abspath(os.path.expanduser(str(val_path))) if val_path else None
-        self.test_path = os.path.abspath(os.path.expanduser(str(test_path))) if test_path else None
+        self.path = local_path(path, "source.path")
+        self.val_path = local_path(val_path, "source.val_path") if val_path else None
+        self.test_path = local_path(test_path, "source.test_path") if test_path else None
         self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
         if self.val_path:
             self.val_fraction = 0.0
@@ -191,7 +191,15 @@ class HDF5Source(Source):
     def _files(self) -> dict:
         if self._inspected is None:
             self._inspected = {
-                p: inspect_file(p, key, self.images_key, self.labels_key, self._layout_arg, self._dtype_arg)
+                p: inspect_file(
+                    p,
+                    key,
+                    self.images_key,
+                    self.labels_key,
+                    self._layout_arg,
+                    self._dtype_arg,
+                    named=self._given_classes is not None,
+                )
                 for p, key in (
                     (self.path, "source.path"),
                     (self.val_path, "source.val_path"),

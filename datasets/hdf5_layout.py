@@ -10,7 +10,7 @@ Layout written by ``convert.py`` (``FORMAT`` 1):
                       every row's H*W*3 bytes, with ``shapes`` int32 (N, 3) and ``offsets`` int64 (N + 1);
                       or centre-cropped squares (``out.size``): uint8 (N, S, S, 3)
     labels   int64 (N,)
-    attrs    feedline_format, classes (JSON), mode, max_side, size, quality, source
+    attrs    feedline_format, classes (JSON), mode, max_side, size, quality, source (``hdf5_attrs.py``)
 
 Foreign files are read too, when their keys and layout are given in config: for example a float32
 (N, 3, H, W) ``images`` dataset with values in [0, 1] and an int64 ``labels`` dataset.
@@ -18,15 +18,15 @@ Foreign files are read too, when their keys and layout are given in config: for 
 
 from __future__ import annotations
 
-import json
 import logging
 
 import h5py
 import numpy as np
 
+from feedline.datasets.hdf5_attrs import FORMAT as FORMAT  # the writer's, checked with the attributes
+from feedline.datasets.hdf5_attrs import feedline_attrs, read_classes
 from feedline.datasets.hdf5_files import identity, open_hdf5
 
-FORMAT = 1
 LAYOUTS = ("auto", "hwc", "chw")
 RAGGED = "ragged-hwc"  # raw whole images of varying size, one flat pixel array (see above)
 RAGGED_BYTES = "ragged-bytes"  # encoded images, one flat byte array (see above)
@@ -44,8 +44,11 @@ def _mappable(dataset) -> tuple | None:
     return None if offset is None else (int(offset), tuple(dataset.shape), dataset.dtype.str)
 
 
-def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: str, dtype) -> dict:
-    """Check the file once, in the main process, and close it before any worker exists."""
+def inspect_file(
+    path: str, key: str, images_key: str, labels_key: str, layout: str, dtype, named: bool = False
+) -> dict:
+    """Check the file once, in the main process, and close it before any worker exists. ``named``: the
+    classes are given (source.classes), so the file's own are not read (its ``classes`` is None)."""
     with open_hdf5(path, key) as f:
         for name, which in (
             (images_key, "source.images_key"),
@@ -72,12 +75,13 @@ def inspect_file(path: str, key: str, images_key: str, labels_key: str, layout: 
         if rows != len(labels):
             raise ValueError(f"{key} '{path}': {rows} images but {len(labels)} labels")
         where = f"{key} '{path}'"
+        feedline_attrs(f.attrs, where, encoded, classes=not named)  # a feedline file's own, each checked
         info = {
             "encoded": encoded,
             "layout": packed if ragged else _layout(images, layout, path) if not encoded else "hwc",
             "ragged": _ragged_index(f, images, len(labels), where, packed) if ragged else None,
             "scale": 1.0 if encoded else _scale(images, dtype, where),
-            "classes": _read_classes(f, labels, f"{key} '{path}': labels '{labels_key}'"),
+            "classes": None if named else _read_classes(f, labels, where, f"{where}: labels '{labels_key}'"),
             "n": len(labels),
             "mapped": _mappable(images) if not vlen else None,
             "key": key,
@@ -150,12 +154,13 @@ def _layout(images, layout: str, path: str) -> str:
 IMPLIED_CLASSES = 1 << 16  # classes 0..max label a file may imply without naming them, beyond twice its rows
 
 
-def _read_classes(f: h5py.File, labels, where: str) -> list[str]:
-    """The file's ``classes`` attribute, else "0".."max label". A label past both twice the rows and
-    IMPLIED_CLASSES is refused, never counted up to (2**40 would be a trillion class names and a model head
-    as wide)."""
-    if "classes" in f.attrs:
-        return list(json.loads(f.attrs["classes"]))
+def _read_classes(f: h5py.File, labels, file: str, where: str) -> list[str]:
+    """The file's ``classes`` attribute (checked: ``hdf5_attrs.py``), else "0".."max label". A label past
+    both twice the rows and IMPLIED_CLASSES is refused, never counted up to (2**40 would be a trillion class
+    names and a model head as wide)."""
+    names = read_classes(f.attrs, file)
+    if names is not None:
+        return names
     values = check_labels(labels[:], None, where)
     top = int(np.max(values)) if len(values) else -1
     if top + 1 > max(2 * len(values), IMPLIED_CLASSES):

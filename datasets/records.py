@@ -18,6 +18,7 @@ import numpy as np
 
 from feedline.conf.rebuild import Rebuildable
 from feedline.datasets.listing import list_classes
+from feedline.datasets.stores import is_url
 
 
 @runtime_checkable
@@ -204,9 +205,22 @@ class LazyArray:
         return self._array
 
 
+def local_path(path, key: str) -> str:
+    """``path`` made absolute (``~`` expanded); a URL is an error naming ``key``: only ``source=shards`` reads
+    object storage (taken as a local path, ``s3://b/x`` would be reported as a missing ``./s3:/b/x``)."""
+    if is_url(path):
+        raise ValueError(
+            f"{key}={path} is a URL, and this source reads local paths only; data in object storage is read by "
+            f"source=shards. Set {key} to a local copy, or convert a local copy once (python convert.py "
+            f"source=... out.format=shards out.path=<an s3:// prefix>) and read that with source=shards "
+            f"source.path=<the prefix>"
+        )
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
 def require_dir(path: str, key: str) -> str:
     """``path`` made absolute, or an error naming it and the config key to fix."""
-    path = os.path.abspath(os.path.expanduser(str(path)))
+    path = local_path(path, key)
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise FileNotFoundError(f"{key} '{path}' {what} (set {key}=... or check the path)")

@@ -10,6 +10,11 @@ is resolved to *places*, which compare equal however the data was named:
     an HDF5 file                that, and the images key it is read by (one file may hold two datasets)
     an object-storage prefix    its endpoint, bucket and key prefix (``s3://b/ds/`` is ``s3://b/ds``, and
                                 ``s3://b/ds/part-00001-of-00002`` part of it)
+    WebDataset shards           each tar a directory, a brace pattern or a glob names, one file each
+
+A shards dataset (a local directory or a prefix) is its own files: its chunks and index, and its part
+folders. Another dataset converted under its prefix (``s3://b/ds/val``) shares none of its chunks, so it is
+another place; every folder under a tree of class folders is part of the tree.
 
 and, for data that was made from other data, to what it records of its *origin*: an HDF5 file's ``source``
 attribute and a shards sidecar's ``source`` (the ``repr`` of the source converted), a lazy layout's
@@ -33,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from feedline.datasets.listing import list_classes
 from feedline.datasets.shard_meta import read_sidecar
-from feedline.datasets.shard_parts import dataset_parts
+from feedline.datasets.shard_parts import PART, dataset_parts
 from feedline.datasets.stores import LocalStore, S3Store, is_url
 from feedline.datasets.wds_tars import find_tars
 
@@ -48,7 +53,9 @@ ROLES = (
 LAYOUT_MARKER = ".feedline-layout.json"  # writers/lazy_layout.py's MARKER in a layout: {"src": the tree}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 DEPTH = 4  # conversions of conversions are followed back this far
-_NAMED = re.compile(r"\b(root|path)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")  # in a source's repr
+# In a source's repr: its type (a root or path is its first argument) and the root or path it names
+_NAMED = re.compile(r"(?:\b(\w+)\()?\b(root|path)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+TARS = "WdsSource"  # a source whose path names WebDataset tars (a directory, a pattern, a tar)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Place:
     remote: bool = False
     node: tuple | None = None  # (device, inode) of a local path that exists
     folder: bool = True  # a directory, or not known: what lies under it is part of it
+    shards: bool = False  # a shards dataset: of what lies under it, only its part folders are part of it
     endpoint: str | None = None  # a URL's endpoint; None where it is not known (a conversion's record)
     key: str | None = None  # an HDF5 file's images key; None: any
     slice: tuple | None = None  # (K, N, seed, shuffle, rows): part K of a conversion into N parts
@@ -101,14 +109,20 @@ def _url(url: str, options: dict | None = None, live: bool = True, slice: tuple 
     return Place(str(url), store.where("").rstrip("/"), remote=True, endpoint=endpoint, slice=slice)
 
 
-def _places(value: str, options: dict | None, key: str | None, tars: bool) -> list[Place]:
-    """The places ``value`` names; ``tars``: WebDataset shards (a directory, a tar, a pattern), each tar one."""
+def _places(value: str, options: dict | None, key: str | None, tars: bool, dataset: bool) -> list[Place]:
+    """The places ``value`` names; ``tars``: WebDataset shards (a directory, a tar, a pattern), each tar one;
+    ``dataset``: a path, which is a shards dataset where it is a directory or a prefix."""
     if is_url(value):
-        return [_url(value, options)]
+        return [_dataset(_url(value, options), dataset)]
     if tars:
         with contextlib.suppress(OSError, ValueError):  # a missing tar: the source names it
             return [_local(tar) for tar in find_tars(value)]
-    return [_local(value, key)]
+    return [_dataset(_local(value, key), dataset)]
+
+
+def _dataset(place: Place, dataset: bool) -> Place:
+    """``place`` marked as a shards dataset where it is one: a prefix, or a local directory a path names."""
+    return replace(place, shards=True) if place.remote or (dataset and place.folder and place.node) else place
 
 
 # -- origins: what a conversion or a layout records of the data it was made from ------------------------------
@@ -132,10 +146,13 @@ def _hdf5_record(place: Place) -> tuple[list | None, list[tuple[str, None]]]:
             return None, []
     import h5py
 
+    from feedline.datasets.hdf5_attrs import feedline_attrs
+
     with h5py.File(place.real, "r") as f:
-        if "feedline_format" not in f.attrs:
-            return None, []
-        return json.loads(f.attrs["classes"]), [(str(f.attrs.get("source", "")), None)]
+        attrs = feedline_attrs(f.attrs, place.real)  # checked as the hdf5 source checks them
+    if not attrs:
+        return None, []
+    return attrs["classes"], [(attrs.get("source", ""), None)]
 
 
 def _tree_record(place: Place) -> tuple[list, list[tuple[str, None]]]:
@@ -147,12 +164,12 @@ def _tree_record(place: Place) -> tuple[list, list[tuple[str, None]]]:
         return list_classes(place.real), [(f"root={str(json.load(f)['src'])!r}", None)]
 
 
-def _records(place: Place, options: dict | None, dataset: bool) -> tuple[frozenset | None, list]:
+def _records(place: Place, options: dict | None, dataset: bool = False) -> tuple[frozenset | None, list]:
     """(the classes of the data at ``place``, (a source's repr, the slice) of each origin it records): a shards
     dataset's sidecars (``dataset``: a path, which may be one), a tree's lazy layout marker, an HDF5 file's
     attributes."""
     try:
-        if place.remote or dataset and place.folder and place.node:
+        if _dataset(place, dataset).shards:
             classes, records = _sidecars(place, options)
         elif place.folder and place.node:
             classes, records = _tree_record(place)
@@ -165,30 +182,37 @@ def _records(place: Place, options: dict | None, dataset: bool) -> tuple[frozens
     return (frozenset(map(str, classes)) if classes else None), records
 
 
-def _described(text: str) -> list[tuple[bool, str]]:
-    """(a path, not a root?, where) of each root and path a source's repr names (``FolderSource(root='/d')``)."""
+def _named(text: str) -> list[tuple[bool, bool, str]]:
+    """(a path, not a root?, tars?, where) of each root and path a source's repr names
+    (``FolderSource(root='/d')``, ``WdsSource(path='/d/shards-{000000..000009}.tar')``)."""
     found = []
-    for name, quoted in _NAMED.findall(text):
+    for kind, name, quoted in _NAMED.findall(text):
         with contextlib.suppress(ValueError, SyntaxError):
-            found.append((name == "path", str(ast.literal_eval(quoted))))
+            found.append((name == "path", kind == TARS, str(ast.literal_eval(quoted))))
     return found
 
 
-def _origins(
-    place: Place, options: dict | None, dataset: bool, depth: int = DEPTH
-) -> tuple[frozenset | None, list]:
+def _described(text: str) -> list[tuple[bool, str]]:
+    """(a path, not a root?, where) of each root and path a source's repr names."""
+    return [(path, where) for path, _, where in _named(text)]
+
+
+def _origins(place: Place, options: dict | None, depth: int = DEPTH) -> tuple[frozenset | None, list]:
     """(the classes of the data at ``place``, the places it was made from, each with those classes: the data
-    made from a tree has the tree's classes, or more where it is a mix)."""
-    classes, records = _records(place, options, dataset)
+    made from a tree has the tree's classes, or more where it is a mix). WebDataset shards a conversion
+    records are the tars they name here, found as the wds source finds them."""
+    classes, records = _records(place, options)
     out: list[Place] = []
     for text, part in records if depth > 0 else []:
-        for path, where in _described(text):
-            origin = _url(where, live=False, slice=part) if is_url(where) else _local(where, slice=part)
-            out.append(replace(origin, classes=classes))
-            out += [
-                replace(o, slice=o.slice or part, classes=o.classes or classes)
-                for o in _origins(origin, None, path, depth - 1)[1]
-            ]
+        for path, tars, where in _named(text):
+            remote = [_dataset(_url(where, live=False), path)] if is_url(where) else None
+            for origin in remote or _places(where, None, None, tars, path):
+                origin = replace(origin, slice=part)
+                out.append(replace(origin, classes=classes))
+                out += [
+                    replace(o, slice=o.slice or part, classes=o.classes or classes)
+                    for o in _origins(origin, None, depth - 1)[1]
+                ]
     return classes, out
 
 
@@ -219,8 +243,8 @@ def _resolve(source) -> list[Data]:
             continue
         dataset = attr.endswith("path")  # a root is a tree of class folders, never a shards dataset
         places, origins = [], []
-        for place in _places(str(value), options, images_key, tars=isinstance(paths, dict)):
-            classes, made_from = _origins(place, options, dataset)
+        for place in _places(str(value), options, images_key, isinstance(paths, dict), dataset):
+            classes, made_from = _origins(place, options)
             places.append(replace(place, classes=classes))
             origins += made_from
         out.append(Data(attr, role, str(value), places, origins))
@@ -244,9 +268,19 @@ def _same(p: Place, q: Place) -> str | None:
     if p.node is not None and p.node == q.node:
         return f"the same {what}: {p.real} and {q.real} are one, linked or mounted twice"
     for inner, outer in ((p, q), (q, p)):  # a tree's samples are images: a file beside them is not one
-        if outer.folder and inner.folder and _inside(inner.real, outer.real):
+        if outer.folder and inner.folder and _inside(inner.real, outer.real) and _part_of(inner, outer):
             return f"{inner.real} lies inside {outer.real}"
     return None
+
+
+def _part_of(inner: Place, outer: Place) -> bool:
+    """Whether a folder under ``outer`` is part of its data: any folder of a tree (its images are anywhere
+    below it), but not a shards dataset kept in one (its chunks are no images of the tree); of a shards
+    dataset only its part folders, not another dataset converted under its prefix (ds/val: its index names
+    none of ds's chunks, nor ds's its)."""
+    if not outer.shards:
+        return not inner.shards
+    return PART.fullmatch(inner.real[len(outer.real.rstrip("/")) + 1 :]) is not None
 
 
 def _slices_apart(p: Place, q: Place) -> bool:

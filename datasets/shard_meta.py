@@ -166,7 +166,7 @@ FIELDS = {
     "parts": _or_null(_whole(1)),
     "source": (_text, "a description of the source"),
     "source_kind": (_text, "the name of the source's records type"),
-    "mode": (_text, "an out.mode"),
+    "mode": (lambda v: v == "encoded", '"encoded" (shards hold image files; out.mode=raw is not written)'),
     "chunk_bytes": _whole(1),
 }
 REQUIRED = ("classes", "samples")

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from feedline.datasets.options import WdsOptions as _O  # the defaults, written once
-from feedline.datasets.records import Records, Source
+from feedline.datasets.records import Records, Source, local_path
 from feedline.datasets.same_data import check_own
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
 from feedline.datasets.wds_index import open_index
@@ -98,8 +98,9 @@ class WdsSource(Source):
         self.paths = dict(zip(KEYS, (path, val_path, test_path)))
         for key, value in self.paths.items():
             if value:
+                local_path(value, key)  # a URL: read by source=shards
                 find_tars(value, key)  # a bad path or a missing shard fails before any work starts
-        self.path = str(path)
+        self.path = local_path(path, "source.path")  # absolute: a conversion records it as its origin
         self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
         if val_path:
             self.val_fraction = 0.0

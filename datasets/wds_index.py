@@ -27,7 +27,7 @@ from feedline.datasets.wds_tars import TarError, find_tars, scan_tar
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: a sample key repeated in a tar is refused (1 kept its first sample): index it again
 ARRAYS = ("rows", "labels", "names")
 SHOWN = 10  # skipped samples named per warning (and kept in meta.json)
 IMPLIED_CLASSES = 1 << 16  # class numbers past this and twice the samples are refused (as hdf5 does)

@@ -2,7 +2,8 @@
 
 A tar's members are grouped into samples by WebDataset's rule: a member's key is its name up to the first
 dot of its file name (``train/000123.jpg`` -> ``train/000123``), the rest its extension (``jpg``,
-``seg.png``). A sample is its image (the first of IMAGE_EXTENSIONS it has) and its label: ``<key>.cls`` (a
+``seg.png``), and a sample is a run of consecutive members of one key (a key that comes back later is
+refused, naming it: ``_group``). A sample is its image (the first of IMAGE_EXTENSIONS it has) and its label: ``<key>.cls`` (a
 class number as text) or a field of ``<key>.json`` (a number or a class name). What is kept of a sample is
 where its image's bytes lie in the tar (offset, size), so a reader takes them with one ``pread``; a
 sample without an image or a label is left out, and said why.
@@ -88,13 +89,9 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
             raise TarError(
                 f"{path} is {kind}-compressed: images are read at their offsets in a plain tar; decompress it"
             )
-    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
     try:
         with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                named = split_name(member.name) if member.isfile() else None
-                if named:
-                    groups.setdefault(named[0], {}).setdefault(named[1], member)
+            groups = _group(tar, path)
             _check_end(tar, path, size)
             samples, skipped = [], []
             for key, members in groups.items():
@@ -109,6 +106,40 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
             f"{path} is not a complete tar ({err}): it is truncated or corrupt; replace it"
         ) from None
     return samples, skipped
+
+
+def _group(tar: tarfile.TarFile, path: str) -> dict[str, dict[str, tarfile.TarInfo]]:
+    """The tar's samples, key -> {extension: member}, in order: WebDataset's grouping, a run of consecutive
+    members with one key. A key that comes back after another sample's members, or a member twice in one
+    sample, is a TarError naming the tar and the key. WebDataset would read the first as two samples of one
+    key, and they are most often one sample twice (tars concatenated, a writer restarted with its counter
+    reset): drawn twice an epoch, and as likely in train as in val. Which it is cannot be told from the tar,
+    so it is refused rather than trained on either way (keeping the first alone, as this once did, silently
+    dropped every later sample of the key)."""
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    first: dict[str, str] = {}  # key -> the name of its first member, for the error
+    current = None
+    for member in tar:
+        named = split_name(member.name) if member.isfile() else None
+        if not named:
+            continue
+        key, ext = named
+        if key != current and key in groups:
+            raise TarError(
+                f"{path} holds sample {key!r} twice: {first[key]} and, after other samples, {member.name}. "
+                f"WebDataset reads a sample's files as one only where they follow each other, so these are two "
+                f"samples of one key, most often one sample twice (tars concatenated, or a writer restarted with "
+                f"its counter reset). Write each sample once, under a key of its own, and index the tar again"
+            )
+        if key == current and ext in groups[key]:
+            raise TarError(
+                f"{path} holds {groups[key][ext].name} twice in sample {key!r} (a member written twice): "
+                f"WebDataset refuses it too. Write each sample's files once"
+            )
+        current = key
+        first.setdefault(key, member.name)
+        groups.setdefault(key, {})[ext] = member
+    return groups
 
 
 def _check_end(tar: tarfile.TarFile, path: str, size: int) -> None:
