@@ -53,7 +53,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import short_errors
-from feedline.datasets.stores import (
+from feedline.datasets.store_secrets import (
     ENV_PREFIX,
     ENV_REFERENCE,
     HIDDEN,
