@@ -10,18 +10,22 @@ on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 ->
 state_dict()               a copy of the train loader's state, which Lightning hands back on every resume
                            (it hands the loader its own only inside an epoch): the first train loader of a
                            resumed fit checks it, or says what is missing (``resume.py``)
+load_from_checkpoint()     Lightning's, building only what a checkpoint may name (``trusted_config.py``)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.notices import quiet_lightning
 from feedline.datamodules.resume import Resuming, batch_seed
+from feedline.datamodules.trusted_config import PARTS, rebuilding
 from feedline.transforms.collate import Batch
 
 quiet_lightning()
@@ -35,6 +39,26 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
     _fit_begins = False  # set by setup("fit"): the next train loader is the first of a fit
     _train_loader = None
     _restored_state = None  # the train loader state of the checkpoint this fit resumes from, if it holds one
+
+    @_restricted_classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path, map_location=None, hparams_file=None, trusted_targets=(), **kwargs
+    ):
+        """Lightning's ``load_from_checkpoint`` (``weights_only=True`` and every other argument included): the
+        datamodule built again from the checkpoint's recorded config, with ``kwargs`` in place of what they
+        name. A recorded part may name only feedline's data layer and torchvision's transforms, plus
+        ``trusted_targets`` (``["mypkg.MyTransform"]``, or ``["mypkg."]`` for all of a package): anything else
+        is refused before anything is built (``trusted_config.py``); a part passed again is not checked."""
+        name = checkpoint_path if isinstance(checkpoint_path, (str, os.PathLike)) else None
+        where = str(name or getattr(checkpoint_path, "name", "(a file object)"))
+        if hparams_file is not None:
+            where += f" (with hparams_file {hparams_file})"
+        given = [key for key in PARTS if key in kwargs]
+        with rebuilding(where, trusted_targets, given):
+            # None: the datamodule is built by its own __init__, never by an instantiator the checkpoint names
+            # (LightningCLI's would hand the recorded parts to jsonargparse, which builds them first)
+            kwargs["_instantiator"] = None
+            return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, **kwargs)
 
     def _remember(self, config: dict) -> None:
         super()._remember(config)

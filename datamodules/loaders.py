@@ -46,6 +46,7 @@ from feedline.datamodules.resume_checks import (
 )
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.train_loader import TrainLoader
+from feedline.datamodules.trusted_config import check_rebuilt
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.records import Source, require_dir
 from feedline.datasets.unlabeled import unlabeled_folder
@@ -123,7 +124,9 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         stages: list[str] | None = _DEFAULTS.stages,
     ):
         super().__init__()
-        missing = unrebuildable({"source": source, "transforms": transforms, "collate": collate})
+        parts = {"source": source, "transforms": transforms, "collate": collate}
+        check_rebuilt(parts)  # a checkpoint's recorded parts name only code that may run (trusted_config.py)
+        missing = unrebuildable(parts)
         if missing:
             raise ValueError(
                 f"{', '.join(f'data.{k}' for k in missing)} {'was' if len(missing) == 1 else 'were'} given as "
