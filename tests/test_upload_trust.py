@@ -61,7 +61,7 @@ def test_converting_again_over_a_users_readme_and_nested_dataset_is_refused_and_
     with pytest.raises(
         ValueError,
         match=rf"out.path={url} holds a shards dataset and objects of its own \(README.txt, val/chunk-0-0.bin, "
-        r".* more\): converting again would replace them .*move them out",
+        r".* more\): converting again would delete them with the earlier dataset, so it is refused; move them out",
     ):
         writer.convert_source(source, out(s3_server, url, seed=3))
     assert objects(s3_server, url) == before  # nothing deleted, nothing written
