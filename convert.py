@@ -27,13 +27,11 @@ def run_convert(cfg: DictConfig) -> dict:
     options = OmegaConf.to_object(cfg.out)  # a WriteOptions: the schema conf/convert.yaml extends
     check_output(options)
     if options.format == "shards":
-        from feedline.writers.shards import check_target, convert_source
-
-        check_target(options)
+        from feedline.writers.shards import convert_source
     else:
         from feedline.writers.hdf5 import convert_source
     source = instantiate(cfg.source, "source")
-    summary = convert_source(source, options)
+    summary = convert_source(source, options)  # refuses an out.path that is the source's data, first
     log.info(
         "converted %d images into %s: %.1f MB, %d skipped, %.1f s (%.0f images/s)%s",
         summary["images"],

@@ -21,14 +21,16 @@ PART = re.compile(r"part-(\d{5})-of-(\d{5})")
 # What the parts of one conversion share, with the setting that decides it. Each part is a slice of one seeded
 # order of the source's rows: parts drawn with another seed, shuffle or source slice another order (some
 # samples in two parts, others in none); parts written with another max_side, quality or mode hold images of
-# other sizes or encodings under one dataset. The source is its kind, classes and row count, not its path: the
-# jobs of one conversion may see the same data under other mount points. A key no part records (an older
-# conversion) is unknown alike in all; one that some parts record and others do not is a difference.
+# other sizes or encodings under one dataset. The source is its kind, classes, row count and rows (a digest of
+# each row's file relative to its root, or place in its file, and label, in order: ``writers/origin.py``), not
+# its path: the jobs of one conversion may see the same data under other mount points. A key no part records
+# (an older conversion) is unknown alike in all; one that some parts record and others do not is a difference.
 PART_KEYS = {
     "seed": "out.seed",
     "shuffle": "out.shuffle",
     "rows": "samples in the source",
     "source_kind": "the source's kind",
+    "source_rows": "the source's rows (a digest of their files and labels)",
     "max_side": "out.max_side",
     "quality": "out.quality",
     "mode": "out.mode",
@@ -125,6 +127,15 @@ def check_parts(path: str, key: str, dirs: list[str], sidecars: list[dict]) -> N
             for name, what in PART_KEYS.items()
             if first.get(name) != sidecar.get(name)
         ]
+        if len(differ) == 1 and first.get("source_rows") != sidecar.get("source_rows"):
+            sources = (first.get("source"), sidecar.get("source"))
+            named = f"; they record {sources[0]} and {sources[1]}" if sources[0] != sources[1] else ""
+            raise ValueError(
+                f"{key} '{path}': the source changed between the part jobs: {_name(dirs[0])} and {_name(d)} were "
+                f"cut from different lists of its files (one renamed, moved to another class, added or removed, "
+                f"or another tree{named}), so read together they would repeat some samples and miss others. "
+                f"Convert every part again, from the source as it is now"
+            )
         if differ:
             raise ValueError(
                 f"{key} '{path}': its parts were not written by one conversion ({'; '.join(differ)}): read together "

@@ -4,7 +4,8 @@ Every input is decoded (which validates it) in a process pool, resized when aske
 chunks, in the source's sample order. The file is written under a temporary name and renamed into place
 at the end: an interrupted conversion leaves no file that looks complete, and a rerun starts clean.
 One conversion writes an output at a time (``writers/lock.py``): a second is refused before it touches the
-first one's files. Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
+first one's files, and a file at ``out.path`` is replaced only where it is an HDF5 file feedline wrote
+(``target.py``). Unreadable inputs are skipped and listed in ``<out>.skipped.tsv``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.datasets.scan import available_cpus
 from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
+from feedline.writers.origin import check_not_input, recorded_source
 from feedline.writers.prepare import init_worker, prepare_chunk
 from feedline.writers.progress import progress
+from feedline.writers.target import check_replaceable_file
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +36,9 @@ log = logging.getLogger(__name__)
 def convert_source(source, options: HDF5WriteOptions, lock: bool = True) -> dict:
     """Prepare ``source`` and write every sample of it (``split("all")``, its val share included) to
     ``options.path``. ``lock``: take the output's writer lock first (False: the caller holds it)."""
-    with _writing(options, lock) as out_path:
+    with _writing(options, lock, source) as out_path:
         source.prepare()
-        return _write(source.split("all"), source.classes, options, out_path, repr(source))
+        return _write(source.split("all"), source.classes, options, out_path, recorded_source(source))
 
 
 def convert(
@@ -47,11 +50,16 @@ def convert(
 
 
 @contextlib.contextmanager
-def _writing(options: HDF5WriteOptions, lock: bool):
+def _writing(options: HDF5WriteOptions, lock: bool, source=None):
     """The output's absolute path, its directory made, held by this process alone (``writers/lock.py``):
-    a second conversion to it is refused before it touches the first one's scratch files."""
+    a second conversion to it is refused before it touches the first one's scratch files. Refused before
+    anything is written: an output that is ``source``'s own data (``origin.py``), or a file there that is not
+    an HDF5 file feedline wrote (``target.py``)."""
     check_output(options)
     out_path = os.path.abspath(os.path.expanduser(str(options.path)))
+    if source is not None:
+        check_not_input(source, out_path, directory=False)
+    check_replaceable_file(out_path)
     directory = os.path.dirname(out_path)
     with contextlib.ExitStack() as held:
         try:
@@ -131,6 +139,7 @@ def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str
                     "skipped": len(skipped),
                 }
             )
+        check_replaceable_file(out_path)  # again: the lock keeps other conversions out, not other writers
         os.replace(partial, out_path)
     except BaseException:
         if os.path.exists(partial):

@@ -40,6 +40,7 @@ from feedline.writers import prepare
 from feedline.writers.hdf5 import _workers
 from feedline.writers.lock import writer_lock
 from feedline.writers.options import WriteOptions
+from feedline.writers.origin import check_not_input, recorded_source, rows_digest
 from feedline.writers.progress import progress
 from feedline.writers.target import check_replaceable, names_at
 from feedline.writers.upload import check_remote_target, upload
@@ -80,10 +81,11 @@ def check_target(options: WriteOptions) -> str:
 def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
     """Prepare ``source`` and write every sample of it (``split("all")``) as shards into ``out.path``."""
     options.check()
+    check_not_input(source, output_dir(options), options.storage_options)
     target = check_target(options)
     with _locked(target, lock):
         source.prepare()
-        return _write_to(source.split("all"), source.classes, options, target, repr(source))
+        return _write_to(source.split("all"), source.classes, options, target, recorded_source(source))
 
 
 def convert(
@@ -110,7 +112,7 @@ def _write_to(records, classes, options: WriteOptions, target: str, description:
             shutil.rmtree(stale, ignore_errors=True)
     scratch = tempfile.mkdtemp(prefix=f"{os.path.basename(stem)}{os.getpid()}-", dir=os.path.dirname(stem))
     try:
-        summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description)
+        summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description, target)
         summary["bytes"] = upload(summary["path"], remote_store(options))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -166,7 +168,8 @@ def rows_to_write(n: int, options: WriteOptions) -> np.ndarray:
     return order
 
 
-def _write(records, classes, options: WriteOptions, target: str, description: str) -> dict:
+def _write(records, classes, options: WriteOptions, target: str, description: str, shown: str = "") -> dict:
+    """Write the dataset into ``target`` (``shown``: what the progress names, where not its folder's name)."""
     started = time.perf_counter()
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
@@ -182,14 +185,15 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     rows = rows_to_write(len(records), options)
     if not len(rows):
         raise ValueError(f"{description or 'the source'} holds no samples for {target}: nothing to write")
+    source_rows = rows_digest(records) if options.parts is not None else None  # before the work, once
     try:
         for sub in ("out", "cache", "data", "skipped"):
             os.makedirs(os.path.join(work, sub))
-        _run_writer(records, options, rows, work, os.path.basename(target))
+        _run_writer(records, options, rows, work, shown or os.path.basename(target))
         out = os.path.join(work, "out")
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
-        written = _finish(out, work, classes, options, description, records)
+        written = _finish(out, work, classes, options, description, records, source_rows)
         check_target(
             options
         )  # again: another job (a part's, whose lock is its own) may have written there since
@@ -211,10 +215,13 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     }
 
 
-def _finish(out: str, work: str, classes, options: WriteOptions, description: str, records) -> dict:
+def _finish(
+    out: str, work: str, classes, options: WriteOptions, description: str, records, source_rows: str | None
+) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
     them against index.json), the classes, the inputs skipped, and every setting that decides what a sample
-    holds (the parts of one conversion must agree on them: ``datasets/shard_parts.py``), and each chunk's
+    holds (the parts of one conversion must agree on them: ``datasets/shard_parts.py``; a part's
+    ``source_rows`` too, the digest of the source's rows its job read, ``origin.rows_digest``), and each chunk's
     digest, which the chunk cache checks every download against (``datasets/chunk_cache.py``)."""
     for leftover in glob.glob(os.path.join(out, "*.index.json")):  # LitData's per-worker indices, merged
         os.remove(leftover)
@@ -256,6 +263,7 @@ def _finish(out: str, work: str, classes, options: WriteOptions, description: st
         "parts": options.parts,
         "source": description,
         "source_kind": type(records).__name__,  # the source, wherever it is mounted: FolderRecords, ...
+        **({"source_rows": source_rows} if source_rows else {}),  # the source's rows: parts agree on them
         "mode": options.mode,
         "chunk_bytes": options.chunk_byte_count(),
         "chunk_digests": {  # of each whole file, read once more just after the labels were (in the page cache)

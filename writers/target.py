@@ -1,7 +1,10 @@
-"""What converting again to an output may replace: the earlier shards dataset's own files, nothing else.
+"""What converting again to an output may replace: the earlier conversion's own files, nothing else.
 
-One rule for a local directory and an S3 prefix (``own_names``), over every name under the output
-(``names_at``: files relative to it, ``/``-separated; a local folder with nothing in it as ``name/``):
+An HDF5 output (``check_replaceable_file``) replaces only an HDF5 file feedline wrote (its ``feedline_format``
+attribute): a text file, a foreign HDF5 file or anything else at ``out.path`` is refused by name.
+
+A shards output: one rule for a local directory and an S3 prefix (``own_names``), over every name under the
+output (``names_at``: files relative to it, ``/``-separated; a local folder with nothing in it as ``name/``):
 
 - a dataset (``index.json`` and ``feedline.json``): those two, ``labels.npy``, ``skipped.tsv`` and the
   chunks its ``index.json`` names, where a name is a chunk's (``chunk-<w>-<n>.bin``: a name an index gives
@@ -70,6 +73,36 @@ def own_names(where, names: Iterable[str]) -> set[str]:
             f"dataset first, or choose another out.path"
         ) from None
     return {n for n in names if n in FIXED or (n in chunks and CHUNK.fullmatch(n))}
+
+
+def check_replaceable_file(path: str) -> None:
+    """Refuse (``ValueError``) an HDF5 output ``path`` that holds anything but an HDF5 file feedline wrote:
+    converting again would replace it."""
+    if not os.path.lexists(path):
+        return
+    what = _not_feedline_hdf5(path)
+    if what:
+        raise ValueError(
+            f"out.path={path} holds {what}: converting would replace it, so it is refused (converting again "
+            f"replaces only an HDF5 file feedline wrote); remove it first, or choose another out.path"
+        )
+
+
+def _not_feedline_hdf5(path: str) -> str | None:
+    """What ``path`` holds, where it is not an HDF5 file feedline wrote; None where it is one."""
+    import h5py
+
+    if not os.path.isfile(path):
+        return "something that is not a file" if os.path.exists(path) else "a symlink to nothing"
+    try:
+        if not h5py.is_hdf5(path):
+            return "a file that is not HDF5"
+        with h5py.File(path, "r") as f:
+            if "feedline_format" in f.attrs:
+                return None
+    except OSError as err:
+        return f"an HDF5 file that does not open ({err})"
+    return "an HDF5 file feedline did not write (it has no feedline_format attribute)"
 
 
 def check_replaceable(where, names: Iterable[str], shown: str) -> None:
