@@ -139,7 +139,9 @@ def test_converting_a_dataset_onto_itself_is_refused_however_spelt_and_keeps_it(
     assert files_under(path) == before
 
 
-def test_converting_a_dataset_onto_its_own_prefix_in_a_bucket_is_refused(s3_server, tree, tmp, tmp_path):
+def test_a_dataset_in_a_bucket_is_never_converted_onto_its_own_prefix_and_its_conversions_name_the_tree(
+    s3_server, tree, tmp, tmp_path
+):
     url = s3_server.new_prefix()
     shards.convert_source(folder(tree, tmp), to_shards(url, storage_options=s3_options(s3_server)))
     source = ShardsSource(url, val_fraction=0, storage_options=s3_options(s3_server), cache_dir=tmp_path)
@@ -147,6 +149,9 @@ def test_converting_a_dataset_onto_its_own_prefix_in_a_bucket_is_refused(s3_serv
         ValueError, match=rf"out.path={url} is the data source.path '{url}' reads \(the same prefix"
     ):
         shards.convert_source(source, to_shards(url + "/", max_side=4, storage_options=s3_options(s3_server)))
+    hdf5.convert_source(source, to_h5(tmp_path / "x.h5"))  # its sidecar read with the source's own options
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert f.attrs["source"] == f"{source!r}, made from FolderSource(root={tree!r})"
 
 
 def test_a_shards_output_inside_the_tree_it_reads_is_refused_and_the_tree_reads_as_before(tree, tmp):
