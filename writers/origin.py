@@ -103,8 +103,9 @@ def _feed(h, records) -> None:
             _text(h, name)
             _feed(h, part)
             _array(h, labels, np.int64)
-    elif isinstance(records, FolderRecords):  # relative paths (one blob), where each ends, labels
-        for array in records.index.arrays:
+    elif isinstance(records, FolderRecords):  # relative paths (one blob), where each ends, labels: no more
+        paths, offsets, labels = records.index.arrays[:3]  # (what else an index may hold is of this machine)
+        for array in (paths, offsets, labels):
             _array(h, array)
     elif isinstance(records, LazyFolderRecords):  # files named by row: the classes, extensions and counts
         _text(h, *records.classes, *records.exts, *map(str, records.starts))
