@@ -264,3 +264,58 @@ def test_a_shards_sidecar_mode_other_than_encoded_is_named_with_its_file(data, t
     (copy / "feedline.json").write_text(json.dumps({**sidecar, "mode": mode}))
     with pytest.raises(ValueError, match=rf"feedline.json: mode={mode!r} is not \"encoded\""):
         ShardsSource(copy, val_fraction=0, cache_dir=tmp_path / "c")
+
+
+# -- a held-out tree of links to training images ------------------------------------------------------------------
+CLASSES = ("ant", "bee", "cat", "dog")  # 4: two scan processes take two each (fewer are listed serially)
+
+
+def linked_tree(tree, to, how: str, name: str = "000.png", classes=CLASSES) -> str:
+    """A tree of one image per class of ``tree``, each a symlink or a hard link to ``tree``'s ``name``."""
+    for c in classes:
+        os.makedirs(os.path.join(to, c, "deep"), exist_ok=True)
+        link = os.symlink if how == "symlink" else os.link
+        link(os.path.join(tree, c, name), os.path.join(to, c, "deep", f"x{how}.png"))
+    return str(to)
+
+
+@pytest.mark.parametrize("how", ["symlink", "hard link"])
+@pytest.mark.parametrize("workers", [1, 2], ids=["serial", "scan processes"])
+def test_a_val_tree_of_links_to_training_images_is_refused_naming_them(tmp_path, how, workers):
+    tree = simple_tree(tmp_path / "tree", classes=CLASSES, per_class=2)
+    val = linked_tree(tree, tmp_path / "val", how)
+    source = FolderSource(tree, val_root=val, cache_dir=tmp_path / "c", scan_workers=workers)
+    with pytest.raises(
+        ValueError,
+        match=rf"source.val_root '{val}': 4 of its 4 images are files of source.root '{tree}' under another name, "
+        rf"a symlink or a hard link \({val}/ant/deep/x{how}.png is {tree}/ant/000.png; .* every such val sample "
+        r"would be one the model trains on",
+    ):
+        source.prepare()
+
+
+def test_a_test_tree_of_links_to_val_images_is_refused_and_copies_are_not_seen(data, tmp_path):
+    tree, other = str(data / "tree"), str(data / "other")
+    test = linked_tree(other, tmp_path / "test", "hard link", name="001.png", classes=("cat", "dog", "eel"))
+    source = FolderSource(tree, val_root=other, test_root=test, cache_dir=tmp_path / "c")
+    with pytest.raises(
+        ValueError, match=r"source.test_root .* are files of source.val_root .* validation chose"
+    ):
+        source.split("test")
+    copies = shutil.copytree(other, tmp_path / "copies")  # other files, the same pixels: not seen
+    source = FolderSource(tree, val_root=str(copies), cache_dir=tmp_path / "c")
+    source.prepare()
+    assert len(source.split("val")) == 6
+
+
+def test_the_folder_index_records_each_files_device_and_inode(data, tmp_path):
+    from feedline.datasets.index import nodes
+
+    tree = simple_tree(tmp_path / "tree", classes=CLASSES, per_class=2)
+    os.symlink(os.path.join(tree, "ant", "000.png"), os.path.join(tree, "bee", "linked.png"))
+    source = FolderSource(tree, cache_dir=tmp_path / "c", scan_workers=2)
+    source.prepare()
+    index = source._index(source.root, "source.root")
+    recorded = [tuple(map(int, row)) for row in nodes(index)]
+    found = [os.stat(os.path.join(source.root, index.relpath(i))) for i in range(len(index))]
+    assert recorded == [(st.st_dev, st.st_ino) for st in found]
