@@ -138,11 +138,16 @@ def _layout(images, layout: str, path: str) -> str:
             f"nor (N, H, W, C) / (N, C, H, W) arrays"
         )
     stored = images.attrs.get("layout")
+    channels_last, channels_first = images.shape[3] in (1, 3), images.shape[1] in (1, 3)
     if layout == "auto" and stored in ("hwc", "chw"):
+        if not (channels_last if stored == "hwc" else channels_first):  # read so, pixels would be garbage
+            raise ValueError(
+                f"source.path '{path}': its images' 'layout' attribute says {stored}, but images of shape "
+                f"{images.shape} have no 1 or 3 channels there: set source.layout=hwc or source.layout=chw"
+            )
         return stored
     if layout != "auto":
         return layout
-    channels_last, channels_first = images.shape[3] in (1, 3), images.shape[1] in (1, 3)
     if channels_last != channels_first:
         return "hwc" if channels_last else "chw"
     raise ValueError(

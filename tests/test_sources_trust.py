@@ -192,6 +192,20 @@ def test_a_mistyped_feedline_hdf5_attribute_is_named_with_its_file(data, tmp_pat
         HDF5Source(path)
 
 
+def test_an_images_layout_attribute_that_contradicts_the_shape_is_named(tmp_path):
+    """(N, 8, 8, 3) pixels marked chw would be read as 8 channels of 8 x 3 pixels."""
+    path = str(tmp_path / "foreign.h5")
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((4, 8, 8, 3), dtype=np.uint8)
+        f["images"].attrs["layout"] = "chw"
+        f["labels"] = np.arange(4) % 2
+    with pytest.raises(
+        ValueError, match=rf"'{path}': its images' 'layout' attribute says chw, but .* source.layout"
+    ):
+        HDF5Source(path)
+    assert HDF5Source(path, layout="hwc").split("train")[0][0].shape == (3, 8, 8)
+
+
 # -- WebDataset: a key repeated in a tar ------------------------------------------------------------------------
 def sample(k: int) -> dict[str, bytes]:
     return {"png": image_bytes(".png", seed=k), "cls": str(k % 3).encode()}
