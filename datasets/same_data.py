@@ -86,7 +86,7 @@ class Data:
 
 
 # -- places ----------------------------------------------------------------------------------------------------
-def _local(path: str, key: str | None = None, slice: tuple | None = None) -> Place:
+def local_place(path: str, key: str | None = None, slice: tuple | None = None) -> Place:
     real = os.path.realpath(os.path.expanduser(str(path)))
     try:
         st = os.stat(real)
@@ -98,7 +98,7 @@ def _local(path: str, key: str | None = None, slice: tuple | None = None) -> Pla
     )
 
 
-def _url(url: str, options: dict | None = None, live: bool = True, slice: tuple | None = None) -> Place:
+def url_place(url: str, options: dict | None = None, live: bool = True, slice: tuple | None = None) -> Place:
     store = S3Store(url, options)
     endpoint = None
     if live:
@@ -113,11 +113,11 @@ def _places(value: str, options: dict | None, key: str | None, tars: bool, datas
     """The places ``value`` names; ``tars``: WebDataset shards (a directory, a tar, a pattern), each tar one;
     ``dataset``: a path, which is a shards dataset where it is a directory or a prefix."""
     if is_url(value):
-        return [_dataset(_url(value, options), dataset)]
+        return [_dataset(url_place(value, options), dataset)]
     if tars:
         with contextlib.suppress(OSError, ValueError):  # a missing tar: the source names it
-            return [_local(tar) for tar in find_tars(value)]
-    return [_dataset(_local(value, key), dataset)]
+            return [local_place(tar) for tar in find_tars(value)]
+    return [_dataset(local_place(value, key), dataset)]
 
 
 def _dataset(place: Place, dataset: bool) -> Place:
@@ -164,7 +164,7 @@ def _tree_record(place: Place) -> tuple[list, list[tuple[str, None]]]:
         return list_classes(place.real), [(f"root={str(json.load(f)['src'])!r}", None)]
 
 
-def _records(place: Place, options: dict | None, dataset: bool = False) -> tuple[frozenset | None, list]:
+def records_of(place: Place, options: dict | None, dataset: bool = False) -> tuple[frozenset | None, list]:
     """(the classes of the data at ``place``, (a source's repr, the slice) of each origin it records): a shards
     dataset's sidecars (``dataset``: a path, which may be one), a tree's lazy layout marker, an HDF5 file's
     attributes."""
@@ -192,7 +192,7 @@ def _named(text: str) -> list[tuple[bool, bool, str]]:
     return found
 
 
-def _described(text: str) -> list[tuple[bool, str]]:
+def described(text: str) -> list[tuple[bool, str]]:
     """(a path, not a root?, where) of each root and path a source's repr names."""
     return [(path, where) for path, _, where in _named(text)]
 
@@ -201,11 +201,11 @@ def _origins(place: Place, options: dict | None, depth: int = DEPTH) -> tuple[fr
     """(the classes of the data at ``place``, the places it was made from, each with those classes: the data
     made from a tree has the tree's classes, or more where it is a mix). WebDataset shards a conversion
     records are the tars they name here, found as the wds source finds them."""
-    classes, records = _records(place, options)
+    classes, records = records_of(place, options)
     out: list[Place] = []
     for text, part in records if depth > 0 else []:
         for path, tars, where in _named(text):
-            remote = [_dataset(_url(where, live=False), path)] if is_url(where) else None
+            remote = [_dataset(url_place(where, live=False), path)] if is_url(where) else None
             for origin in remote or _places(where, None, None, tars, path):
                 origin = replace(origin, slice=part)
                 out.append(replace(origin, classes=classes))

@@ -394,7 +394,9 @@ def test_a_damaged_dataset_stops_train_py_with_one_line_naming_its_file(copy, tm
     np.save(pickled / "labels.npy", np.array([{"a": 1}] * 12, dtype=object), allow_pickle=True)
     out = train_py(pickled, "a")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert f"Error: source.path '{pickled}'" in out.stderr and "labels.npy holds pickled objects" in out.stderr
+    assert (
+        f"Error: source.path '{pickled}'" in out.stderr and "labels.npy holds pickled objects" in out.stderr
+    )
     assert "allow_pickle" not in out.stderr
 
     chunk = sorted(copy.glob("chunk-*.bin"))[0]

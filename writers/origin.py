@@ -27,7 +27,7 @@ from feedline.datasets.folder import FolderRecords
 from feedline.datasets.hdf5 import HDF5Records
 from feedline.datasets.lazy_folder import LazyFolderRecords
 from feedline.datasets.mix import MixRecords
-from feedline.datasets.same_data import _described, _local, _records, _url, data_of, meet
+from feedline.datasets.same_data import data_of, described, local_place, meet, records_of, url_place
 from feedline.datasets.shard_meta import load_labels
 from feedline.datasets.shards import ShardsRecords
 from feedline.datasets.stores import is_url
@@ -55,9 +55,11 @@ def recorded_source(source) -> str:
     own, earlier = repr(source), []
     for _, src in _sources(source):
         options = getattr(src, "storage_options", None)
-        for dataset, where in _described(repr(src)):
-            place = _url(where, options, live=False) if is_url(where) else _local(where)
-            earlier += [t for t, _ in _records(place, options, dataset)[1] if t and t not in (own, *earlier)]
+        for dataset, where in described(repr(src)):
+            place = url_place(where, options, live=False) if is_url(where) else local_place(where)
+            earlier += [
+                t for t, _ in records_of(place, options, dataset)[1] if t and t not in (own, *earlier)
+            ]
     return own + (MADE_FROM + "; ".join(earlier) if earlier else "")
 
 
