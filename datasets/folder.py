@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from feedline.datasets.cache import check_refresh
-from feedline.datasets.index import FolderIndex, open_index, shared_files
+from feedline.datasets.index import FolderIndex, open_index
 from feedline.datasets.listing import IMG_EXTENSIONS, normalize_extensions
 from feedline.datasets.options import FolderOptions as _O  # the defaults, written once
 from feedline.datasets.packed import PackedIndex
@@ -84,7 +84,6 @@ class FolderSource(Source):
         if self.test_root:
             self.test_fraction = 0.0
         self._indexes: dict[str, FolderIndex] = {}
-        self._apart: set[str] = set()  # held-out trees found to share no file with the others
         self._check_roots()
         check_own(self)  # val_root, test_root: neither root (however spelt) nor each other
 
@@ -109,7 +108,6 @@ class FolderSource(Source):
     def prepare(self) -> None:
         """Build (or refresh) the index of every root. Run once per node; safe to run concurrently."""
         self._indexes.clear()
-        self._apart.clear()
         for key, path in self._roots():
             if path is not None:
                 self._index(path, key)
@@ -147,7 +145,6 @@ class FolderSource(Source):
     def _tree_records(self, train: FolderIndex, root: str, key: str) -> FolderRecords:
         """A split read from a tree of its own, labelled with ``root``'s classes (it may lack some)."""
         held = self._index(root, key)
-        self._check_apart(root, key)
         if held.classes == train.classes:
             return FolderRecords(held, root)
         unknown = sorted(set(held.classes) - set(train.classes))
@@ -155,34 +152,6 @@ class FolderSource(Source):
             raise ValueError(f"{key} '{root}' has classes that source.root lacks: {', '.join(unknown[:10])}")
         position = {c: i for i, c in enumerate(train.classes)}
         return FolderRecords(held, root, label_map=[position[c] for c in held.classes])
-
-    def _check_apart(self, root: str, key: str) -> None:
-        """A held-out tree holds none of the training tree's files (nor a test tree val's) under another name:
-        a val tree made of symlinks or hard links to training images (a common way to split without copying)
-        would score the model on images it trained on. Once per tree and process, by the inode numbers the
-        indexes recorded (one sort); nothing per sample."""
-        if key in self._apart:
-            return
-        role = key.split(".")[1].split("_")[0]
-        for other_key, other in self._roots()[: 2 if role == "test" and self.val_root else 1]:
-            count, named = shared_files(self._index(other, other_key), self._index(root, key))
-            if count:
-                some = "; ".join(f"{there} is {here}" for there, here in named)
-                said = (
-                    f"{key} '{root}': {count} of its {len(self._index(root, key))} images are files of "
-                    f"{other_key} '{other}' under another name, a symlink or a hard link ({some}"
-                    f"{', ...' if count > len(named) else ''}): "
-                )
-                if other_key == "source.root":
-                    raise ValueError(
-                        f"{said}every such {role} sample would be one the model trains on. Give {key} images of "
-                        f"its own, or leave it unset and hold a share out with source.{role}_fraction"
-                    )
-                raise ValueError(
-                    f"{said}the test score would be of samples validation chose the model by. Give {key} "
-                    f"images of its own"
-                )
-        self._apart.add(key)
 
     def __repr__(self) -> str:
         return f"FolderSource(root={self.root!r})"

@@ -5,8 +5,6 @@ One directory per indexed root, under ``<cache_dir>/folder-index/``:
     paths.npy    uint8    every relative path, UTF-8, each followed by a NUL byte
     offsets.npy  int64    N+1 offsets into paths.npy
     labels.npy   int16/32 N class indices
-    nodes.npy    uint64   (N, 2) each file's (st_dev, st_ino): two names of one file (a symlink, a hard link)
-                          have one node, so a held-out tree's files are found among the training tree's
     dirs.json             [relative dir, mtime_ns] of every directory: the staleness signature
     meta.json             root, classes, per-class counts, extensions, format version, a checksum of each
                           file above and of itself; written last
@@ -22,7 +20,6 @@ workers inherit its maps, and a worker that maps afresh refuses files that repla
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -54,7 +51,7 @@ from feedline.datasets.scan_plan import scan_plan
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # 3: checksums of every file in meta.json; 4: nodes.npy
+FORMAT = 3  # 3: checksums of every file in meta.json
 # Filesystem timestamps are coarse (one kernel tick on local disks): a directory changed within this
 # window of its listing may carry the same mtime as before the change, so such a scan is repeated once.
 RACY_WINDOW_NS = 50_000_000
@@ -103,8 +100,6 @@ def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
             return None, "labels.npy is not in class-major order within the classes"
         if n and not np.array_equal(np.bincount(labels, minlength=len(counts)), counts):
             return None, "labels.npy disagrees with the class counts in meta.json"
-        if nodes(index).shape != (n, 2):
-            return None, "nodes.npy disagrees with the number of samples"
         index.dirs()  # parsed here, once: a garbled signature means rebuild
     except Exception as err:  # any unreadable piece means: rebuild, never crash
         return None, f"{type(err).__name__}: {err}"
@@ -180,10 +175,8 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
     offsets[1:] = np.flatnonzero(paths == 0) + 1
     label_dtype = np.int16 if len(scan.classes) < 2**15 else np.int32
     labels = np.repeat(np.arange(len(scan.classes), dtype=label_dtype), scan.counts)
-    files = np.frombuffer(b"".join(s.nodes for s in scan.scans), dtype=np.uint64).reshape(-1, 2)
     crcs = {}
-    arrays = (("paths.npy", paths), ("offsets.npy", offsets), ("labels.npy", labels), ("nodes.npy", files))
-    for name, array in arrays:
+    for name, array in (("paths.npy", paths), ("offsets.npy", offsets), ("labels.npy", labels)):
         with open(tmp / name, "wb") as f:
             crcs[name] = write_array(f, array)  # checksummed as written: nothing is read back
     signature = json.dumps(scan.dirs).encode("utf-8")
@@ -254,36 +247,3 @@ def open_index(
         elif reason != "missing":
             log.warning("index cache %s is unusable (%s); rebuilding it", dest, reason)
     return build(root, extensions, dest, workers, key)
-
-
-def nodes(index: FolderIndex) -> np.ndarray:
-    """Each file's (st_dev, st_ino), as the index recorded them (N, 2), mapped."""
-    return np.load(os.path.join(index.directory, "nodes.npy"), mmap_mode="r")
-
-
-SHOWN = 3  # files named when two trees share some
-
-
-def shared_files(first: FolderIndex, second: FolderIndex) -> tuple[int, list[tuple[str, str]]]:
-    """The files of ``second`` that are files of ``first`` under another name (a symlink or a hard link into
-    it, or both linking one file): how many, and a few as (second's path, first's path). Found by the inode
-    numbers the listing gave (one sort, O(N log N) once, nothing per sample); the ones named are confirmed by
-    a ``stat`` of both, so a filesystem whose listing's inode numbers differ from its ``stat``'s (some overlay
-    mounts) shows none rather than false ones. A copy of a file is another file, and not found."""
-    a, b = nodes(first), nodes(second)
-    order = np.argsort(a[:, 1], kind="stable")
-    inodes = a[order, 1]
-    low, high = np.searchsorted(inodes, b[:, 1], "left"), np.searchsorted(inodes, b[:, 1], "right")
-    pairs = []
-    for j in np.flatnonzero(high > low).tolist():  # none where the trees are apart
-        i = next((i for i in order[low[j] : high[j]].tolist() if a[i, 0] == b[j, 0]), None)
-        if i is not None:
-            pairs.append((j, i))
-    named = []
-    for j, i in pairs[:SHOWN]:
-        there = os.path.join(second.meta["root"], second.relpath(j))
-        here = os.path.join(first.meta["root"], first.relpath(i))
-        with contextlib.suppress(OSError):  # removed since it was indexed: not shown
-            if os.path.samefile(there, here):
-                named.append((there, here))
-    return (len(pairs) if named else 0), named

@@ -13,16 +13,13 @@ the feedline package on its path.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import logging
-import operator
 import os
 import pickle
 import re
 import sys
-from array import array
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -96,7 +93,6 @@ class ClassScan:
     loops: list[str] = field(default_factory=list)  # symlinks that point back at an ancestor (or the root)
     unreadable: list[str] = field(default_factory=list)  # directories that could not be listed
     odd: list[str] = field(default_factory=list)  # entries that are neither directories nor regular files
-    nodes: bytes = b""  # uint64 (st_dev, st_ino) of each file, in paths' order: the file a symlink names
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,9 +117,9 @@ def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
     # Depth-first over (absolute dir, relative dir, identities of the dirs above it, the root's included): a
     # directory whose (st_dev, st_ino) is one of those is a symlink loop, which would index samples again
     # under another class, or never end.
-    stack = [(top, name, _identities_above(root) | {(st.st_dev, st.st_ino)}, st.st_dev)]
+    stack = [(top, name, _identities_above(root) | {(st.st_dev, st.st_ino)})]
     while stack:
-        path, rel, ancestors, device = stack.pop()
+        path, rel, ancestors = stack.pop()
         try:
             with os.scandir(path) as it:
                 entries = list(it)
@@ -154,45 +150,21 @@ def scan_class(name: str, root: str, name_filter: _NameFilter) -> ClassScan:
                     result.loops.append(child)
                     continue
                 result.dirs.append((child, sub.st_mtime_ns))
-                stack.append((entry.path, child, ancestors | {key}, sub.st_dev))
+                stack.append((entry.path, child, ancestors | {key}))
         else:
             names = [e.name for e in entries]
         names.sort()
         matched = _matching(names, name_filter)
         if matched:
-            groups.append((rel, matched, _nodes(entries, matched, device)))
+            groups.append((rel, matched))
             result.count += len(matched)
     groups.sort(key=lambda group: group[0])
-    text = "".join(f"{rel}/" + f"\0{rel}/".join(names) + "\0" for rel, names, _ in groups)
+    text = "".join(f"{rel}/" + f"\0{rel}/".join(names) + "\0" for rel, names in groups)
     result.paths = text.encode("utf-8", "surrogateescape")
-    result.nodes = b"".join(nodes.tobytes() for *_, nodes in groups)
     if result.unreadable:  # an impossible mtime: the next load sees these as changed and lists them again
         unreadable = set(result.unreadable)
         result.dirs = [(d, -1 if d in unreadable else m) for d, m in result.dirs]
     return result
-
-
-_NAME = operator.attrgetter("name")
-
-
-def _nodes(entries: list[os.DirEntry], matched: list[str], device: int) -> array:
-    """(st_dev, st_ino) of each of ``matched``, in order, as one array of pairs, without a ``stat`` per file:
-    the inode comes with the listing (``d_ino``), the device is the directory's. A symlink is followed (its
-    ``stat`` was taken already, to tell that it names a file, and DirEntry keeps it). Two names of one file
-    (a hard link, a symlink) have one node: ``index.py`` finds a held-out tree's files among the training
-    tree's by them."""
-    inode = dict(zip(map(_NAME, entries), map(os.DirEntry.inode, entries)))
-    nodes = array("Q", [device]) * (2 * len(matched))
-    nodes[1::2] = array("Q", map(inode.__getitem__, matched))
-    if any(map(os.DirEntry.is_symlink, entries)):
-        at = {name: k for k, name in enumerate(matched)}
-        for entry in entries:
-            k = at.get(entry.name) if entry.is_symlink() else None
-            if k is not None:
-                with contextlib.suppress(OSError):  # vanished since: the reader names it
-                    st = entry.stat()
-                    nodes[2 * k], nodes[2 * k + 1] = st.st_dev, st.st_ino
-    return nodes
 
 
 def _is_file(entry: os.DirEntry) -> bool:
@@ -218,7 +190,7 @@ def _worker_main() -> None:
     for i, name in tasks:
         scan = scan_class(name, root, name_filter)
         # Plain fields, not the dataclass: here it is __main__.ClassScan, which the parent cannot unpickle.
-        fields = (scan.paths, scan.count, scan.dirs, scan.loops, scan.unreadable, scan.odd, scan.nodes)
+        fields = (scan.paths, scan.count, scan.dirs, scan.loops, scan.unreadable, scan.odd)
         pickle.dump((i, fields), out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 

@@ -73,7 +73,7 @@ def test_hidden_entries_are_skipped(tmp_path):
 def test_index_files_are_packed_arrays_and_meta(tmp_path, tree):
     index = open_index(tree, cache_dir=tmp_path / "cache")
     names = sorted(os.listdir(index.directory))
-    assert names == ["dirs.json", "labels.npy", "meta.json", "nodes.npy", "offsets.npy", "paths.npy"]
+    assert names == ["dirs.json", "labels.npy", "meta.json", "offsets.npy", "paths.npy"]
     paths, offsets, labels = index.arrays
     assert isinstance(paths, np.memmap) and paths.dtype == np.uint8
     assert offsets.dtype == np.int64 and len(offsets) == len(index) + 1
