@@ -20,14 +20,11 @@ import math
 import os
 import time
 
-from feedline.datasets.store_secrets import (  # noqa: F401 - SECRET_OPTIONS, without_secrets: for callers
+from feedline.datasets.store_secrets import (
     ENV_REFERENCE,
     HIDDEN,
     SECRET_OPTIONS,
-    is_endpoint,
-    is_secret,
     userinfo_refusal,
-    without_secrets,
 )
 
 SCHEMES = ("s3",)

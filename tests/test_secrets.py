@@ -28,14 +28,8 @@ from feedline.cli.secrets import (
 )
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.parts import build
-from feedline.datasets.stores import (
-    HIDDEN,
-    SECRET_OPTIONS,
-    STORAGE_OPTIONS,
-    S3Store,
-    StoreError,
-    without_secrets,
-)
+from feedline.datasets.store_secrets import HIDDEN, SECRET_OPTIONS, without_secrets
+from feedline.datasets.stores import STORAGE_OPTIONS, S3Store, StoreError
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
