@@ -71,8 +71,8 @@ def _dataset(kind: str, root: str, cache_dir: str, refresh: str = "auto"):
 
         return ImageFolder(root)
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.folder import FolderSource
-    from feedline.datasets.lazy_folder import LazyFolderSource
+    from feedline.datasets.folder.lazy import LazyFolderSource
+    from feedline.datasets.folder.source import FolderSource
 
     if kind == "folder":
         source = FolderSource(root, val_fraction=0, cache_dir=cache_dir, refresh=refresh)
@@ -88,8 +88,8 @@ def _imports() -> None:
     import torchvision.datasets  # noqa: F401
 
     import feedline.datamodules.samples  # noqa: F401
-    import feedline.datasets.folder  # noqa: F401
-    import feedline.datasets.lazy_folder  # noqa: F401
+    import feedline.datasets.folder.lazy  # noqa: F401
+    import feedline.datasets.folder.source  # noqa: F401
 
 
 def measure_build(kind: str, root: str, cache_dir: str) -> dict:

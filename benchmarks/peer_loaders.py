@@ -47,7 +47,7 @@ def feedline_folder(data, args, lightning: bool = False):
 
 
 def folder_source(data):
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
 
     return FolderSource(data["tree"], val_fraction=0, cache_dir=data["cache"])
 
@@ -58,7 +58,7 @@ def feedline_datamodule(data, args):
 
 def feedline_hdf5(key):
     def build(data, args):
-        from feedline.datasets.hdf5 import HDF5Source
+        from feedline.datasets.hdf5.source import HDF5Source
 
         return feedline_loader(HDF5Source(data[key], val_fraction=0, cache_dir=data["cache"]), args)
 

@@ -51,7 +51,7 @@ def rows(tree: str, cache: str) -> dict:
     from torchvision.transforms import v2
 
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
 
     records = FolderSource(tree, val_fraction=0, cache_dir=cache).split("train")
     stack = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])

@@ -9,9 +9,9 @@ classes full (1300) and a seeded tail of smaller ones; ``--per-class N`` makes t
 writer's default, ``out.shuffle=true``: the labels in a seeded random order) and ``class-major`` (the samples
 sorted by class: ``out.shuffle=false`` on a class tree, parts converted per class, tars sorted by class).
 
-Orders: ``datasets/chunk_order.py`` at each window k (chunks permuted per epoch, samples shuffled within k
-chunks), and the global shuffle every other source reads (``datamodules/order.py epoch_order``). On W ranks of
-batch B, rank r reads entries r, r+W, ... of the order (``datamodules/order.py``), so a global step is a
+Orders: ``datasets/shards/order.py`` at each window k (chunks permuted per epoch, samples shuffled within k
+chunks), and the global shuffle every other source reads (``datamodules/epoch/order.py epoch_order``). On W ranks of
+batch B, rank r reads entries r, r+W, ... of the order (``datamodules/epoch/order.py``), so a global step is a
 contiguous stretch of B*W entries. Every full step of the epoch is counted (the last partial one is not):
 
     classes / batch    distinct classes in a rank's batch of B, the mean over ranks and steps
@@ -32,8 +32,8 @@ import argparse
 
 import numpy as np
 
-from feedline.datamodules.order import epoch_order
-from feedline.datasets.chunk_order import chunk_order
+from feedline.datamodules.epoch.order import epoch_order
+from feedline.datasets.shards.order import chunk_order
 from feedline.diagnostics.results import write_json
 
 GLOBAL = "global"

@@ -43,8 +43,8 @@ HDF5 = "feedline hdf5"
 # -- data ------------------------------------------------------------------------------------------------
 def ensure_shards(tree: str, chunk_bytes: str) -> str:
     """The tree as shards, written by feedline's writer once per chunk size."""
-    from feedline.datasets.chunks import is_complete
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
+    from feedline.datasets.shards.chunks import is_complete
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 
@@ -69,13 +69,13 @@ def prepare(args) -> dict:
 
 # -- loaders ---------------------------------------------------------------------------------------------
 def feedline_hdf5(data, args):
-    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5.source import HDF5Source
 
     return feedline_loader(HDF5Source(data["hdf5"], val_fraction=0, cache_dir=data["cache"]), args)
 
 
 def feedline_shards(data, args):
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     source = ShardsSource(data["shards"], val_fraction=0, window=args.window, cache_dir=data["cache"])
     return feedline_loader(source, args)

@@ -90,7 +90,7 @@ def build(name: str, data: dict, args, plan: dict):
         return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
     from peer_loaders import feedline_loader
 
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     if plan.get("local"):  # the warm rows' baseline, measured the same way
         source = ShardsSource(data["shards"], val_fraction=0, window=args.window, cache_dir=plan["cache"])

@@ -62,7 +62,7 @@ def ensure_jpeg_tree(data_dir: str, images: int, classes: int = 10) -> str:
 
 
 def ensure_hdf5(root: str, name: str, **options) -> str:
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.hdf5 import convert
     from feedline.writers.options import HDF5WriteOptions
 
@@ -124,8 +124,8 @@ class PlainH5(Dataset):
 def make_row(name: str, tree: str, files: dict[str, str], cache: str):
     """(dataset, collate) for one row."""
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.folder import FolderSource
-    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.folder.source import FolderSource
+    from feedline.datasets.hdf5.source import HDF5Source
     from feedline.transforms.collate import Uint8Collate
 
     if name == "ImageFolder (PIL classic)":
@@ -170,7 +170,7 @@ def measure(dataset, collate, workers: int, batch_size: int, epochs: int = 1, wa
     """Images/s over ``epochs`` shuffled epochs, after ``warmup`` batches (worker start-up excluded). feedline
     rows shuffle as its train loader does (``EpochSampler``: the resumable order, a seed per sample); the
     others through torch's RandomSampler."""
-    from feedline.datamodules.resume import EpochSampler
+    from feedline.datamodules.epoch.resume import EpochSampler
     from feedline.datamodules.samples import SampleDataset
 
     ours = isinstance(dataset, SampleDataset)

@@ -10,8 +10,8 @@ import logging
 import sys
 
 from feedline.datasets.cache import REFRESH_MODES
-from feedline.datasets.index import open_index
-from feedline.datasets.listing import IMG_EXTENSIONS
+from feedline.datasets.folder.index import open_index
+from feedline.datasets.paths import IMG_EXTENSIONS
 
 
 def main(argv=None) -> int:

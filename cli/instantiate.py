@@ -14,9 +14,9 @@ import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
-from feedline.datamodules.resume_checks import ResumeError
-from feedline.datasets.shard_meta import ChunkError
-from feedline.datasets.stores import StoreError
+from feedline.datamodules.epoch.checks import ResumeError
+from feedline.datasets.shards.meta import ChunkError
+from feedline.storage.stores import StoreError
 
 log = logging.getLogger(__name__)
 

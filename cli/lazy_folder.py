@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from feedline.datasets.lazy_checks import LayoutError, verify_tree
+from feedline.datasets.folder.lazy_checks import LayoutError, verify_tree
 from feedline.writers.lock import OutputBusyError
 
 

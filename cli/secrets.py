@@ -33,7 +33,7 @@ An endpoint URL with a user name and password in it (``http://user:pass@host``) 
 and by the guard alike, never printed (``stores.userinfo_refusal``): S3 takes no credentials there.
 
 Checkpoints and the logger's ``hparams.yaml`` record the datamodule's config with each secret as the name of
-a variable that holds it, else as ``HIDDEN`` (``datasets/stores.py``, ``without_secrets``). The command line
+a variable that holds it, else as ``HIDDEN`` (``storage/stores.py``, ``without_secrets``). The command line
 itself is visible to the machine's users (``ps``) while the process runs; ``${oc.env:NAME}``,
 ``profile_name`` and the ``AWS_*`` variables never put a secret there.
 """
@@ -53,7 +53,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import short_errors
-from feedline.datasets.store_secrets import (
+from feedline.storage.secrets import (
     ENV_PREFIX,
     ENV_REFERENCE,
     HIDDEN,

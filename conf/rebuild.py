@@ -1,7 +1,8 @@
 """``Rebuildable``: an object that remembers the arguments it was built with, as a config that builds it again.
 
 Sources and collates inherit it, so a datamodule handed them as Python objects (from a script, or from
-LightningCLI flags) can still save a config in its checkpoint: ``{"_target_": "<class path>", **arguments}``,
+LightningCLI flags) can still save a config in its checkpoint: ``{"_target_": "<class path>", **arguments}``
+(the class's public path, ``feedline.datasets.FolderSource``, where it has one),
 when every argument is a plain value (str, number, bool, None, lists and dicts of those). Standard library
 only.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+
+from feedline.public import public_path
 
 
 def plain(value):
@@ -31,7 +34,7 @@ class Rebuildable:
             arguments = {
                 k: plain(v) for k, v in list(bound.arguments.items())[1:] if k not in ("args", "kwargs")
             }
-            self._rebuild_config = {"_target_": f"{cls.__module__}.{cls.__qualname__}", **arguments}
+            self._rebuild_config = {"_target_": public_path(cls), **arguments}
         except TypeError:  # an argument that is no plain value (or a call __init__ will refuse anyway)
             self._rebuild_config = None
         return self

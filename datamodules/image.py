@@ -22,9 +22,9 @@ import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
+from feedline.datamodules.epoch.resume import Resuming, batch_seed
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.notices import quiet_lightning
-from feedline.datamodules.resume import Resuming, batch_seed
 from feedline.datamodules.trusted_config import PARTS, rebuilding
 from feedline.transforms.collate import Batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 
 from feedline.datamodules.options import MEMORY_FORMATS
-from feedline.datasets.scan import available_cpus
+from feedline.datasets.folder.scan import available_cpus
 
 
 def _integer(value) -> bool:

@@ -9,7 +9,7 @@ prepare_data()             once per node: source.prepare() scans and caches
 check_stages(*stages)      before a run: prepare, then build every split the stages use (errors come first)
 setup(stage)               source.split() -> RecordSet -> SampleDataset
                            (fit: train+val, validate: val, test: test, predict: data.predict_root)
-train_dataloader()         shuffled by (seed, epoch), split over the ranks, resumable (``train_loader.py``)
+train_dataloader()         shuffled by (seed, epoch), split over the ranks, resumable (``datamodules/epoch/train_loader.py``)
 *_dataloader()             DataLoader with the resolved loader knobs
 device_batch()             the batch stack on the device (uint8 -> float, normalise), mix on training batches,
                            one memory format for every split (``device_batch.py``)
@@ -26,6 +26,11 @@ from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
 from feedline.datamodules.device_batch import DeviceBatch
+from feedline.datamodules.epoch.checks import (
+    check_resume_mode,
+)
+from feedline.datamodules.epoch.resume import Position
+from feedline.datamodules.epoch.train_loader import TrainLoader
 from feedline.datamodules.knobs import (
     check_batch_size,
     check_max_pixels,
@@ -40,16 +45,12 @@ from feedline.datamodules.knobs import (
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.predict import PredictLoader
-from feedline.datamodules.resume import Position
-from feedline.datamodules.resume_checks import (
-    check_resume_mode,
-)
 from feedline.datamodules.samples import SampleDataset
-from feedline.datamodules.train_loader import TrainLoader
 from feedline.datamodules.trusted_config import check_rebuilt
 from feedline.datamodules.workers import WorkerInit
-from feedline.datasets.records import Source, require_dir
-from feedline.datasets.unlabeled import unlabeled_folder
+from feedline.datasets.folder.unlabeled import unlabeled_folder
+from feedline.datasets.paths import require_dir
+from feedline.datasets.records import Source
 from feedline.transforms.collate import Collate, DefaultCollate, PadCollate, WithParts, WithPaths
 from feedline.transforms.deferred import defer_crop
 from feedline.transforms.stacks import TransformStacks, compose

@@ -28,7 +28,7 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 
 @dataclass
 class DataConfig:
-    _target_: str = "feedline.datamodules.image.ImageDataModule"
+    _target_: str = "feedline.datamodules.ImageDataModule"
     _recursive_: bool = False  # the datamodule builds source/transforms/collate and saves their config
     source: Any = "${source}"
     transforms: Any = "${transforms}"

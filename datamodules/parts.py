@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from feedline.datasets.store_secrets import without_secrets
+from feedline.storage.secrets import without_secrets
 
 DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
 

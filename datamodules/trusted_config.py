@@ -29,7 +29,7 @@ import inspect
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 
-from feedline.datasets.store_secrets import ENV_REFERENCE, SECRET_OPTIONS
+from feedline.storage.secrets import ENV_REFERENCE, SECRET_OPTIONS
 
 PARTS = ("source", "transforms", "collate")
 # modules whose classes build data; none of them writes a file of its arguments' choosing or runs a command

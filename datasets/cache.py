@@ -3,7 +3,7 @@
     <cache_dir>/<kind>/<name>-<digest>/     one directory per cached thing (an index, a manifest, labels)
 
 ``cache_dir`` is ``source.cache_dir`` when set, else ``$FEEDLINE_CACHE_DIR``, else ``~/.cache/feedline``.
-Only this user's files are read there (``cache_trust.py``, the chunk cache's rule too): ``<cache_dir>`` and
+Only this user's files are read there (``storage/cache_trust.py``, the chunk cache's rule too): ``<cache_dir>`` and
 ``<kind>`` are made 0o700 and checked, and a directory of one cached thing is checked with every file in it
 (one ``lstat`` each) when ``cache_path`` names it, at start-up: another user's directory or file, one others
 can write to, or a symlink is refused by name with the fix, never read, replaced or removed.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feedline.datasets.cache_trust import UntrustedCacheError, check_entries, make_private, private_dirs
+from feedline.storage.cache_trust import UntrustedCacheError, check_entries, make_private, private_dirs
 
 REFRESH_MODES = ("auto", "always", "never")
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
-from feedline.datasets.listing import IMG_EXTENSIONS
+from feedline.datasets.paths import IMG_EXTENSIONS
 
 REQUIRED = "???"  # OmegaConf's MISSING: composing succeeds, using the config without setting it fails
 
 
 @dataclass
 class FolderOptions:
-    _target_: str = "feedline.datasets.folder.FolderSource"
+    _target_: str = "feedline.datasets.FolderSource"
     root: str = REQUIRED  # root/<class>/**/<image>
     val_root: Optional[str] = None  # noqa: UP045 - a separate class-folder tree for validation
     val_fraction: float = 0.1  # else: a seeded, per-class share of root goes to val (0 = all train)
@@ -33,7 +33,7 @@ class FolderOptions:
 
 @dataclass
 class LazyFolderOptions:
-    _target_: str = "feedline.datasets.lazy_folder.LazyFolderSource"
+    _target_: str = "feedline.datasets.LazyFolderSource"
     root: str = REQUIRED  # root/<class>/0.<ext> .. <n-1>.<ext>
     val_fraction: float = 0.1  # seeded, per class: the same split `folder` draws from the original tree
     test_fraction: float = 0.0  # a seeded, per-class share held out for trainer.test (as `folder` draws it)
@@ -47,7 +47,7 @@ class LazyFolderOptions:
 
 @dataclass
 class HDF5Options:
-    _target_: str = "feedline.datasets.hdf5.HDF5Source"
+    _target_: str = "feedline.datasets.HDF5Source"
     path: str = REQUIRED  # the HDF5 file (convert.py ... out.path=...)
     val_path: Optional[str] = None  # noqa: UP045 - a separate file for validation
     val_fraction: float = 0.1  # else: a seeded, per-class share (the same split `folder` draws)
@@ -64,26 +64,26 @@ class HDF5Options:
 
 @dataclass
 class ShardsOptions:
-    _target_: str = "feedline.datasets.shards.ShardsSource"
+    _target_: str = "feedline.datasets.ShardsSource"
     path: str = REQUIRED  # a shards directory (convert.py ... out.format=shards out.path=...)
     val_path: Optional[str] = None  # noqa: UP045 - a separate shards directory for validation
     val_fraction: float = 0.1  # else: a seeded, per-class share held out for val
     test_path: Optional[str] = None  # noqa: UP045 - a separate shards directory for trainer.test
     test_fraction: float = 0.0  # else: a seeded, per-class share held out for test
     seed: int = 0
-    # the train order shuffles the samples of this many chunks together (datasets/chunk_order.py); the default
+    # the train order shuffles the samples of this many chunks together (datasets/shards/order.py); the default
     # is benchmarks/shard_mixing.py's pick (tests/test_shard_mixing.py): a node holds ~2 x window chunks
     window: int = 32
     cache_dir: Optional[str] = None  # noqa: UP045 - where the split arrays (and chunks from a URL) are kept
     # a URL source.path (s3://bucket/prefix): its chunk cache's hard bound on disk, and boto3's settings for
-    # this source alone (endpoint_url, region_name, aws_access_key_id, ..., profile_name; datasets/stores.py)
+    # this source alone (endpoint_url, region_name, aws_access_key_id, ..., profile_name; storage/stores.py)
     cache_limit: Any = "20GB"
     storage_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
 
 
 @dataclass
 class WdsOptions:
-    _target_: str = "feedline.datasets.wds.WdsSource"
+    _target_: str = "feedline.datasets.WdsSource"
     path: str = REQUIRED  # WebDataset tars: a directory of *.tar, one tar, or shards-{000000..000009}.tar
     val_path: Optional[str] = None  # noqa: UP045 - other tars for validation (the same forms)
     val_fraction: float = 0.1  # else: a seeded, per-class share held out for val

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from feedline.datasets.arrays import InMemoryArray, LazyArray
 from feedline.datasets.cache import check_array, save_array
-from feedline.datasets.records import InMemoryArray, LazyArray
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchvision.transforms import v2
 
-from feedline.datasets.stores import is_url
+from feedline.storage.stores import is_url
 from feedline.transforms.reduce import minimum_size
 
 REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or RandomResizedCrop first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from feedline.datamodules.samples import BadSampleError, SampleDataset
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.train import train
 from tests.conftest import FAST
 from tests.helpers import make_tree
@@ -52,7 +52,7 @@ def test_bad_config_values_name_their_key(tree):
 
 
 def _lazy(tree, tmp_path, **options):
-    from feedline.datasets.lazy_folder import LazyFolderSource
+    from feedline.datasets.folder.lazy import LazyFolderSource
     from feedline.writers.lazy_layout import layout
 
     layout(tree, str(tmp_path / "lazy"), cache_dir=str(tmp_path / "layout-cache"))
@@ -63,7 +63,7 @@ def _hdf5(tree, tmp_path, **options):
     import h5py
     import numpy as np
 
-    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5.source import HDF5Source
 
     with h5py.File(tmp_path / "tiny.h5", "w") as f:
         f["images"] = np.zeros((4, 3, 8, 8), np.uint8)

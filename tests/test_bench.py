@@ -182,7 +182,7 @@ def test_bench_cli_sweeps_workers_and_times_a_model_step(tmp_path):
 
 def test_a_collate_that_reuses_shared_buffers_has_nothing_to_ship(tmp_path):
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.diagnostics.loader_bench import stage_breakdown
 
     tree = simple_tree(tmp_path / "tree", per_class=4)

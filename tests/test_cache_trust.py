@@ -1,4 +1,4 @@
-"""The chunk cache reads and removes only what it wrote (datasets/cache_trust.py, datasets/cache_room.py): a
+"""The chunk cache reads and removes only what it wrote (storage/cache_trust.py, storage/cache_room.py): a
 cache directory another user can write to is refused, and so is a file in it of another owner; what is not
 the cache's counts against the limit and is never deleted.
 
@@ -12,11 +12,11 @@ import stat
 
 import pytest
 
-from feedline.datasets import cache_trust
-from feedline.datasets.cache_room import is_chunk
-from feedline.datasets.cache_trust import UntrustedCacheError
-from feedline.datasets.cached_chunks import cache_name
-from feedline.datasets.chunk_cache import ChunkCache
+from feedline.datasets.shards.cached import cache_name
+from feedline.storage import cache_trust
+from feedline.storage.cache_room import is_chunk
+from feedline.storage.cache_trust import UntrustedCacheError
+from feedline.storage.chunk_cache import ChunkCache
 from tests.helpers import simple_tree
 from tests.s3_server import upload_dir
 from tests.test_chunk_cache import SIZE, A, B, C, fetcher, key, payload, read_whole
@@ -132,8 +132,8 @@ def test_what_the_cache_did_not_write_counts_against_the_limit_and_is_never_evic
 def test_files_the_cache_did_not_write_that_leave_no_room_are_named_at_once(tmp_path, monkeypatch):
     """A file of the user's own (or another user's) that fills the limit can never be evicted: waiting for
     room (300 s, blaming chunks being read) would never end in one; the error names the file at once."""
-    from feedline.datasets import chunk_cache
-    from feedline.datasets.chunk_cache import CacheFullError
+    from feedline.storage import chunk_cache
+    from feedline.storage.chunk_cache import CacheFullError
 
     directory = private(tmp_path / "chunks")
     cache = ChunkCache(directory, 3 * SIZE)
@@ -184,7 +184,7 @@ def test_the_cache_makes_its_directory_and_files_for_its_user_alone_whatever_the
 @pytest.fixture(scope="module")
 def shards_url(s3_server, tmp_path_factory):
     """A small shards dataset in a bucket: its URL."""
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 
@@ -204,7 +204,7 @@ def test_chunks_another_user_planted_under_the_runs_cache_names_are_never_read(
 ):
     """The issue's reproduction, end to end: the cache names are digests anyone who can list the bucket can
     compute; another user plants a chunk of the right size under each."""
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     def records(cache_dir):
         source = ShardsSource(

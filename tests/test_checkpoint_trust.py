@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.trusted_config import UntrustedCheckpointError, check
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 LOADER = ["data.num_workers=0", "data.batch_size=4"]
@@ -61,7 +61,7 @@ def recorded(tree):
     """The data config a feedline datamodule records (folder source, cifar stacks, uint8 collate)."""
     stacks = OmegaConf.load(os.path.join(CONF, "transforms", "cifar.yaml"))
     collate = {"_target_": "feedline.transforms.collate.Uint8Collate"}
-    source = {"_target_": "feedline.datasets.folder.FolderSource", "root": tree}
+    source = {"_target_": "feedline.datasets.folder.source.FolderSource", "root": tree}
     return dict(ImageDataModule(source, stacks, collate).hparams)
 
 
@@ -94,7 +94,7 @@ def files(tmp_path):
 ATTACKS = {
     "copyfile": ("source", "shutil.copyfile", "source._target_"),
     "open-w": ("train", "builtins.open", "transforms.train[2]._target_"),
-    "makedirs-via-feedline": ("collate", "feedline.datasets.folder.os.makedirs", "collate._target_"),
+    "makedirs-via-feedline": ("collate", "feedline.datasets.folder.source.os.makedirs", "collate._target_"),
 }
 
 
@@ -151,7 +151,9 @@ def test_an_interpolation_in_a_checkpoint_is_refused_before_any_resolver_runs(
 
 def test_a_recorded_credential_may_name_only_a_variable_named_for_it():
     def shards(**options) -> dict:
-        return {"source": {"_target_": "feedline.datasets.shards.ShardsSource", "storage_options": options}}
+        return {
+            "source": {"_target_": "feedline.datasets.shards.source.ShardsSource", "storage_options": options}
+        }
 
     for name in ("AWS_ACCESS_KEY_ID", "FEEDLINE_SECRET_SOURCE_STORAGE_OPTIONS_AWS_ACCESS_KEY_ID"):
         check(shards(aws_access_key_id=f"${{oc.env:{name}}}"), "c.ckpt")

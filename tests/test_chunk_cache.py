@@ -1,4 +1,4 @@
-"""The chunk cache (datasets/chunk_cache.py): fetched once per node, never above its limit on disk, a chunk
+"""The chunk cache (storage/chunk_cache.py): fetched once per node, never above its limit on disk, a chunk
 being read never evicted, a killed or failed download never read as whole. Its fetch is a function here;
 the object-storage tests run it against a real S3 server."""
 
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from feedline.datasets import chunk_cache
-from feedline.datasets.chunk_cache import CacheFullError, ChunkCache
+from feedline.storage import chunk_cache
+from feedline.storage.chunk_cache import CacheFullError, ChunkCache
 
 SIZE = 1000
 

@@ -14,9 +14,9 @@ import struct
 import numpy as np
 import pytest
 
-from feedline.datasets.chunks import ChunkError
-from feedline.datasets.shards import ShardsSource
-from feedline.datasets.stores import S3Store
+from feedline.datasets.shards.chunks import ChunkError
+from feedline.datasets.shards.source import ShardsSource
+from feedline.storage.stores import S3Store
 from tests import test_shards_trust
 from tests.s3_server import upload_dir
 from tests.test_s3_shards import options

@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import BadSampleError
 from feedline.datamodules.image import ImageDataModule
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.transforms.batch import Batch
 from feedline.transforms.collate import PadCollate, Uint8Collate
 from feedline.transforms.stacks import TransformStacks
@@ -279,7 +279,7 @@ def fit_one_step(make_cfg, tree, tmp_path, *overrides) -> tuple[ImageDataModule,
 def test_a_checkpoint_holds_the_data_config_and_rebuilds_the_datamodule(make_cfg, tree, tmp_path):
     dm, path = fit_one_step(make_cfg, tree, tmp_path, "data.memory_format=channels_last")
     saved = torch.load(path, weights_only=True)["datamodule_hyper_parameters"]  # plain containers only
-    assert saved["source"]["_target_"] == "feedline.datasets.folder.FolderSource"
+    assert saved["source"]["_target_"] == "feedline.datasets.folder.source.FolderSource"
     assert saved["source"]["root"] == tree and saved["source"]["test_fraction"] == 0.34
     assert saved["collate"]["_target_"] == "feedline.transforms.collate.Uint8Collate"
     assert saved["transforms"]["train"][0]["_target_"] == "torchvision.transforms.v2.RandomCrop"
@@ -300,7 +300,7 @@ def test_parts_given_as_objects_are_rebuilt_from_their_arguments_or_named_when_t
         FolderSource(tree, test_fraction=0.34), stacks, Uint8Collate(reuse_buffers=False), batch_size=2
     )
     assert dm.hparams["source"] == {
-        "_target_": "feedline.datasets.folder.FolderSource",
+        "_target_": "feedline.datasets.folder.source.FolderSource",
         "root": tree,
         "test_fraction": 0.34,
     }
@@ -325,7 +325,7 @@ def test_parts_given_as_objects_are_rebuilt_from_their_arguments_or_named_when_t
 
 
 def test_a_misspelt_argument_from_lightning_cli_is_named(tree):
-    wrong = {"class_path": "feedline.datasets.folder.FolderSource", "init_args": {"rooot": tree}}
+    wrong = {"class_path": "feedline.datasets.folder.source.FolderSource", "init_args": {"rooot": tree}}
     with pytest.raises(
         ValueError, match=r"data\.source: feedline\.datasets\.folder\.FolderSource does not take \['rooot'\]"
     ):
@@ -362,7 +362,7 @@ def test_lightning_cli_picks_the_datamodule_its_source_and_collate_from_flags(tr
     from lightning.pytorch.cli import LightningCLI
 
     args = [
-        "--data.source=feedline.datasets.folder.FolderSource",
+        "--data.source=feedline.datasets.folder.source.FolderSource",
         f"--data.source.root={tree}",
         "--data.source.test_fraction=0.34",
         "--data.collate=feedline.transforms.collate.Uint8Collate",

@@ -69,7 +69,7 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             f["labels"] = np.array([0, 1, 2, 0])
         return ["source=hdf5", f"source.path={path}"]
     if option == "shards":
-        from feedline.datasets.folder import FolderSource
+        from feedline.datasets.folder.source import FolderSource
         from feedline.writers.options import WriteOptions
         from feedline.writers.shards import convert_source
 

@@ -1,7 +1,7 @@
 """A conversion loses nothing and records what it read: an HDF5 output replaces only an HDF5 file feedline
 wrote (``writers/target.py``); an output that is its own input, or a dataset's folder inside the tree it reads,
 is refused (``writers/origin.py``); a conversion of a conversion records the first origin too; the parts of one
-conversion agree on the source's rows (``datasets/shard_parts.py``); a conversion to a URL names it."""
+conversion agree on the source's rows (``datasets/shards/parts.py``); a conversion to a URL names it."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.hdf5 import HDF5Source
-from feedline.datasets.mix import MixSource
-from feedline.datasets.shards import ShardsSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.hdf5.source import HDF5Source
+from feedline.datasets.mix.source import MixSource
+from feedline.datasets.shards.source import ShardsSource
 from feedline.writers import hdf5, shards
 from feedline.writers.options import WriteOptions
 from tests.helpers import image_bytes, simple_tree
@@ -222,8 +222,8 @@ def test_every_source_kind_gives_its_rows_one_digest_wherever_a_part_job_reads_t
 ):
     """A part job of any source records the digest of its rows (``rows_digest``), before the work: the same
     data read by two jobs (two source objects) gives the same one."""
-    from feedline.datasets.lazy_folder import LazyFolderSource
-    from feedline.datasets.wds import WdsSource
+    from feedline.datasets.folder.lazy import LazyFolderSource
+    from feedline.datasets.wds.source import WdsSource
     from feedline.writers.lazy_layout import layout
     from feedline.writers.origin import rows_digest
     from tests.helpers import wds_tars

@@ -114,7 +114,7 @@ def test_the_pixel_limit_reads_each_format_header(fmt):
 
 def test_a_bomb_in_a_tree_is_a_bad_sample(tmp_path, caplog):
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from tests.helpers import make_tree
 
     root = make_tree(tmp_path / "t", {"a": ["0.png", "1.png"], "b": ["2.png"]})

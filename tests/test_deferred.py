@@ -9,7 +9,7 @@ from torchvision.transforms import v2
 
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.samples import SampleDataset
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.transforms import deferred as deferred_module
 from feedline.transforms.collate import DefaultCollate, Uint8Collate
 from feedline.transforms.crop import RandomResizedCrop

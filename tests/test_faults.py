@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-import feedline.datasets.index as index_module
+import feedline.datasets.folder.index as index_module
 from feedline.datasets.cache import temporary_prefix
-from feedline.datasets.index import index_dir, open_index
+from feedline.datasets.folder.index import index_dir, open_index
 from tests.helpers import make_tree, simple_tree
 
 
@@ -33,7 +33,7 @@ def test_a_full_disk_names_the_cache_directory_and_how_to_move_it(tmp_path, monk
 
 def test_a_full_disk_under_a_split_cache_says_the_same(tmp_path, monkeypatch):
     from feedline.datasets import cache
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
 
     source = FolderSource(simple_tree(tmp_path / "t"), cache_dir=tmp_path / "cache")
     source.prepare()
@@ -98,7 +98,7 @@ convert(Slow(), ["a"], HDF5WriteOptions(path={str(tmp_path / "out.h5")!r}, worke
 
 # -- a file replaced or written while a run reads it ------------------------------------------------
 def _converted(tmp_path, out, per_class, mode="encoded"):
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.hdf5 import convert_source
     from feedline.writers.options import HDF5WriteOptions
 
@@ -116,8 +116,8 @@ def test_a_file_replaced_while_a_run_reads_it_stops_the_run_naming_it(tmp_path, 
     under the labels and offsets of the old one. A process that had it open reads the old file whole."""
     import pickle
 
-    from feedline.datasets.hdf5 import HDF5Source
-    from feedline.datasets.hdf5_files import HDF5FileError
+    from feedline.datasets.hdf5.files import HDF5FileError
+    from feedline.datasets.hdf5.source import HDF5Source
 
     out = tmp_path / "out.h5"
     _converted(tmp_path, out, 3, mode)
@@ -138,8 +138,8 @@ def test_workers_of_a_new_epoch_stop_on_a_replaced_file(tmp_path):
     import torch
 
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.hdf5 import HDF5Source
-    from feedline.datasets.hdf5_files import HDF5FileError
+    from feedline.datasets.hdf5.files import HDF5FileError
+    from feedline.datasets.hdf5.source import HDF5Source
     from feedline.transforms.collate import Uint8Collate
 
     out = tmp_path / "out.h5"
@@ -161,8 +161,8 @@ def test_workers_of_a_new_epoch_stop_on_a_replaced_file(tmp_path):
 def test_a_file_locked_by_its_writer_is_named_as_such(tmp_path):
     import h5py
 
-    from feedline.datasets.hdf5 import HDF5Source
-    from feedline.datasets.hdf5_files import HDF5FileError
+    from feedline.datasets.hdf5.files import HDF5FileError
+    from feedline.datasets.hdf5.source import HDF5Source
 
     path = tmp_path / "foreign.h5"
     with h5py.File(path, "w") as f:
@@ -190,7 +190,7 @@ def test_a_file_locked_by_its_writer_is_named_as_such(tmp_path):
 # -- two writers of one output ----------------------------------------------------------------------
 def test_a_second_conversion_to_the_same_path_is_refused_and_leaves_the_first_whole(tmp_path):
     """The second run refuses before it touches anything, naming the first; the first finishes."""
-    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5.source import HDF5Source
     from feedline.transforms.decode import decode
     from feedline.writers.hdf5 import convert
     from feedline.writers.lock import OutputBusyError
@@ -201,7 +201,7 @@ def test_a_second_conversion_to_the_same_path_is_refused_and_leaves_the_first_wh
     hold.touch()  # the first conversion reads nothing while this file exists: it is mid-write, whatever the load
     script = f"""
 import os, time
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.options import HDF5WriteOptions
 
@@ -264,7 +264,7 @@ def test_a_source_converted_on_first_use_waits_for_another_node_converting_it(tm
     import threading
 
     import feedline.writers.hdf5 as hdf5_write
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.derived import ConvertedHDF5Source
     from feedline.writers.lock import writer_lock
     from feedline.writers.options import HDF5WriteOptions
@@ -440,7 +440,7 @@ def test_errors_naming_any_commands_key_print_alone(monkeypatch, capsys, message
 
 
 def _refused_by_the_store():
-    from feedline.datasets.stores import StoreError
+    from feedline.storage.stores import StoreError
 
     raise StoreError(
         "s3://bucket/p/index.json: http://x refused the credentials (403): set AWS_ACCESS_KEY_ID and "
@@ -454,7 +454,7 @@ def test_an_object_store_error_inside_a_nested_target_prints_alone(monkeypatch, 
     from omegaconf import OmegaConf
 
     from feedline.cli.instantiate import instantiate, short_errors
-    from feedline.datasets.stores import StoreError
+    from feedline.storage.stores import StoreError
 
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     cfg = OmegaConf.create(

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from torchvision.datasets import ImageFolder
 
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.index import open_index
+from feedline.datasets.folder.index import open_index
+from feedline.datasets.folder.source import FolderSource
 from tests.helpers import backdate_tree, console_script, make_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def test_index_files_are_packed_arrays_and_meta(tmp_path, tree):
 
 def test_second_open_maps_the_cache_without_scanning(tmp_path, tree, monkeypatch):
     first = open_index(tree, cache_dir=tmp_path / "cache")
-    import feedline.datasets.index as index_module
+    import feedline.datasets.folder.index as index_module
 
     monkeypatch.setattr(index_module, "scan_tree", lambda *a, **k: pytest.fail("rescanned a fresh cache"))
     assert open_index(tree, cache_dir=tmp_path / "cache").directory == first.directory

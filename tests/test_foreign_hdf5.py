@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.datasets.hdf5 import HDF5Source
+from feedline.datasets.hdf5.source import HDF5Source
 
 
 def write(path, images, labels, **attrs):

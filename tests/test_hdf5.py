@@ -15,8 +15,8 @@ import feedline.writers.hdf5 as hdf5_write
 import feedline.writers.prepare as prepare
 from feedline.convert import run_convert
 from feedline.datamodules.samples import SampleDataset
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.hdf5 import HDF5Source
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.hdf5.source import HDF5Source
 from feedline.train import train
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.decode import decode
@@ -341,7 +341,7 @@ def test_contiguous_arrays_are_memory_mapped_and_match_h5py(make_cfg, tmp_path):
 
 
 def test_origin_is_converted_on_prepare_and_gives_the_same_split(tree, tmp_path):
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.derived import ConvertedHDF5Source
 
     origin = FolderSource(tree, val_fraction=0)

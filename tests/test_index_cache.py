@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from torchvision.datasets import ImageFolder
 
-import feedline.datasets.index as index_module
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.index import index_dir, open_index, problem
+import feedline.datasets.folder.index as index_module
+from feedline.datasets.folder.index import index_dir, open_index, problem
+from feedline.datasets.folder.source import FolderSource
 from tests.helpers import backdate_tree, make_tree, simple_tree
 
 
@@ -124,7 +124,7 @@ def test_a_run_reads_its_own_index_when_another_process_rebuilds_the_shared_cach
     from torch.utils.data import DataLoader
 
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.records import CacheReplacedError
+    from feedline.datasets.arrays import CacheReplacedError
 
     root = simple_tree(tmp_path / "tree", per_class=4)
     mine = FolderSource(root, cache_dir=tmp_path / "cache", val_fraction=0.25)
@@ -213,7 +213,7 @@ def test_a_folder_that_could_not_be_listed_is_listed_again_next_time(tmp_path, c
 
 def test_an_unreadable_folder_forces_a_rescan(tmp_path, monkeypatch):
     """The same as above, for a root user too: a listing that fails once is recorded as never seen."""
-    import feedline.datasets.scan as scan
+    import feedline.datasets.folder.scan as scan
 
     root = make_tree(tmp_path / "t", {"a": ["1.png"], "b": ["2.png", "sub/3.png"]})
     real = os.scandir
@@ -253,7 +253,7 @@ def test_pickled_records_stay_small_as_the_tree_grows(tmp_path):
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
-    import feedline.datasets.scan_plan as plan
+    import feedline.datasets.folder.scan_plan as plan
     from tests.test_folder_index import AWKWARD
 
     root = make_tree(tmp_path / "t", {**AWKWARD, **{f"c{i}": [f"{i}.png"] for i in range(8)}})
@@ -265,7 +265,7 @@ def test_parallel_scans_equal_the_serial_scan(tmp_path, monkeypatch, kind):
 
 
 def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path):
-    import feedline.datasets.scan_plan as plan
+    import feedline.datasets.folder.scan_plan as plan
 
     monkeypatch.setattr(plan, "filesystem_type", lambda path: "nfs4")
     assert plan.scan_plan(str(tmp_path)) == ("threads", 16)
@@ -280,7 +280,7 @@ def test_auto_workers_pick_threads_on_network_filesystems(monkeypatch, tmp_path)
 
 
 def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
-    from feedline.datasets.scan_plan import filesystem_type
+    from feedline.datasets.folder.scan_plan import filesystem_type
 
     table = tmp_path / "mounts"
     table.write_text(
@@ -296,8 +296,8 @@ def test_filesystem_type_takes_the_longest_mount_above_the_path(tmp_path):
 
 
 def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeypatch):
-    import feedline.datasets.scan as scan
-    import feedline.datasets.scan_plan as plan
+    import feedline.datasets.folder.scan as scan
+    import feedline.datasets.folder.scan_plan as plan
 
     root = make_tree(tmp_path / "t", {f"c{i}": [f"{i}.png"] for i in range(6)})
     monkeypatch.setattr(
@@ -313,7 +313,7 @@ def test_a_failing_scan_worker_is_an_error_not_a_partial_index(tmp_path, monkeyp
 
 def test_a_scan_worker_that_dies_before_reading_its_tasks_is_named(tmp_path, monkeypatch):
     """The task list (here over a pipe buffer's worth) meets a closed pipe: the error still says why."""
-    import feedline.datasets.scan as scan
+    import feedline.datasets.folder.scan as scan
 
     monkeypatch.setattr(
         scan,

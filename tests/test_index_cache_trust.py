@@ -1,4 +1,4 @@
-"""The index caches read only what this user wrote (datasets/cache.py through datasets/cache_trust.py, the
+"""The index caches read only what this user wrote (datasets/cache.py through storage/cache_trust.py, the
 chunk cache's rule): a cache folder another user can write to, or that is a symlink, is refused by name,
 and so is a cached index, split or labels copy of another owner, before anything is read or rebuilt.
 
@@ -12,9 +12,9 @@ import stat
 
 import pytest
 
-from feedline.datasets.cache_trust import UntrustedCacheError
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.index import IMG_EXTENSIONS, index_dir, open_index
+from feedline.datasets.folder.index import IMG_EXTENSIONS, index_dir, open_index
+from feedline.datasets.folder.source import FolderSource
+from feedline.storage.cache_trust import UntrustedCacheError
 from tests.helpers import simple_tree
 from tests.test_cache_trust import OTHER, owned_by_another
 
@@ -116,7 +116,7 @@ def test_the_caches_folders_are_made_for_their_user_alone_whatever_the_umask_and
 def test_a_shards_labels_copy_of_another_owner_is_refused(s3_server, tmp_path, monkeypatch):
     """The labels a URL's samples are checked against are copied beside its split cache: another user's copy
     there would decide which labels count as right."""
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
     from tests.s3_server import upload_dir
@@ -146,8 +146,8 @@ def test_a_cache_made_under_umask_002_by_a_user_with_a_private_group_is_used(tmp
     """Debian's and Ubuntu's default: umask 002 and a private group per user, so every folder another tool
     (or an earlier feedline) made is group-writable. That group lets no one else write: the cache is used,
     `make train` works out of the box; under a group others are in, it is refused."""
-    from feedline.datasets import cache_trust
     from feedline.datasets.cache import cache_path
+    from feedline.storage import cache_trust
 
     old = os.umask(0o002)
     try:

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-import feedline.datasets.lazy_folder as lazy
+import feedline.datasets.folder.lazy as lazy
 import feedline.writers.lazy_layout as lazy_layout
 from feedline.datamodules.samples import BadSampleError, SampleDataset
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.lazy_checks import LayoutError, verify_tree
-from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.datasets.folder.lazy import LazyFolderSource
+from feedline.datasets.folder.lazy_checks import LayoutError, verify_tree
+from feedline.datasets.folder.source import FolderSource
 from feedline.train import train
 from feedline.writers.derived import LaidOutLazyFolderSource
 from feedline.writers.lazy_layout import layout
@@ -160,8 +160,8 @@ def test_verify_reports_gaps_duplicates_and_extras(tmp_path):
 
 STRAY = """
 import logging, sys
-from feedline.datasets.lazy_checks import LayoutError
-from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.datasets.folder.lazy_checks import LayoutError
+from feedline.datasets.folder.lazy import LazyFolderSource
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 print("samples", len(LazyFolderSource(sys.argv[1], val_fraction=0).split("train")))
 try:

@@ -11,7 +11,7 @@ import torch
 
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.loaders import ImageLoaders
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.crop import RandomResizedCrop
 from feedline.transforms.stacks import TransformStacks
@@ -45,7 +45,7 @@ def test_loading_data_never_imports_lightning(tmp_path):
         import sys
         from feedline.datamodules.loaders import ImageLoaders
         loaders = ImageLoaders(
-            {{"_target_": "feedline.datasets.folder.FolderSource", "root": {str(tree)!r}}},
+            {{"_target_": "feedline.datasets.folder.source.FolderSource", "root": {str(tree)!r}}},
             {{"_target_": "feedline.transforms.stacks.TransformStacks",
               "train": [{{"_target_": "feedline.transforms.crop.RandomResizedCrop", "size": 8}}]}},
             {{"_target_": "feedline.transforms.collate.Uint8Collate"}},

@@ -1,4 +1,4 @@
-"""source=mix (datasets/mix.py, datasets/mix_order.py): the draw, the class merge, per-part stacks and
+"""source=mix (datasets/mix/source.py, datasets/mix/order.py): the draw, the class merge, per-part stacks and
 accuracy, and the errors that name a part."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from torchvision.transforms import v2
 
 from feedline.datamodules.loaders import ImageLoaders
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.mix import MixSource
-from feedline.datasets.mix_order import mix_order, part_seed, quotas, stream
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.mix.order import mix_order, part_seed, quotas, stream
+from feedline.datasets.mix.source import MixSource
 from feedline.transforms.collate import DefaultCollate, Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 from tests.helpers import simple_tree
@@ -143,7 +143,7 @@ def test_bad_part_settings_are_refused_by_key(tmp_path, spec, said):
 
 
 def test_a_part_that_fails_to_load_is_named(tmp_path):
-    broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "nowhere")}
+    broken = {"_target_": "feedline.datasets.folder.source.FolderSource", "root": str(tmp_path / "nowhere")}
     with pytest.raises(FileNotFoundError, match=r"^source.parts.extra.source.root .*nowhere. does not exist"):
         MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
     empty = simple_tree(tmp_path / "empty", per_class=0)
@@ -230,7 +230,7 @@ def test_a_resume_restores_the_very_batches_and_a_changed_mixture_is_refused_by_
     """Mid-epoch: the rest of the epoch's draw, batch for batch. Another weight is another draw, whose rest
     would repeat some samples and miss others: refused like a changed seed (data.resume=lenient warns and goes
     on in the new mixture's draw)."""
-    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datamodules.epoch.checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
     tree = simple_tree(tmp_path / "tree")
@@ -291,7 +291,7 @@ def test_a_class_map_or_label_that_names_no_class_is_refused_by_key(tmp_path, sp
 
 def test_an_error_naming_a_path_keeps_the_path(tmp_path):
     """Only config keys are spelled in full: a root like /data/source.v2 is not rewritten."""
-    broken = {"_target_": "feedline.datasets.folder.FolderSource", "root": str(tmp_path / "source.v2")}
+    broken = {"_target_": "feedline.datasets.folder.source.FolderSource", "root": str(tmp_path / "source.v2")}
     with pytest.raises(FileNotFoundError) as err:
         MixSource({"base": {"source": folder(tmp_path, "a")}, "extra": {"source": broken}})
     assert str(tmp_path / "source.v2") in str(err.value) and "source.parts.extra.source.root" in str(
@@ -408,7 +408,7 @@ def test_a_parts_stack_ending_at_another_size_is_named_before_training(tmp_path)
 def test_a_resume_with_classes_renamed_or_mapped_otherwise_is_refused_by_name(tmp_path):
     """The same number of classes, other labels for the same samples: a swapped class_map within a part (the
     class list unchanged) or a renamed class. Checked like the seed; it passed before, labels swapped mid-run."""
-    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datamodules.epoch.checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
     tree = simple_tree(tmp_path / "tree")

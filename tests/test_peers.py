@@ -97,7 +97,7 @@ def test_the_shards_benchmark_reads_the_same_images_four_ways_against_litdata_on
     for name, row in rows.items():
         assert row["images_per_s"] > 0 and 0 < row["first_batch_s"] <= row["third_batch_s"], name
         assert row["cpu_ms"] > 0, name  # 48 images: measured under psutil's 10 ms tick, not read as 0.00
-    from feedline.datasets.chunks import Chunks, dataset_dirs
+    from feedline.datasets.shards.chunks import Chunks, dataset_dirs
 
     written = Chunks.of(dataset_dirs(str(tmp_path / "jpeg-100-shards-400KB")))
     assert written.total == 100 and len(written.files) > 2  # the shards both shards rows read, in chunks

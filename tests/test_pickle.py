@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from feedline.datamodules.image import ImageDataModule
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.transforms.collate import Batch, Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 

@@ -20,10 +20,10 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
+from feedline.datamodules.epoch.resume import EpochSampler, ResumeError
 from feedline.datamodules.image import ImageDataModule
-from feedline.datamodules.resume import EpochSampler, ResumeError
-from feedline.datasets.chunks import Chunks, dataset_dirs
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.shards.chunks import Chunks, dataset_dirs
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 from tests.conftest import ROOT_DIR
@@ -167,7 +167,7 @@ def test_a_resume_on_another_world_and_batch_size_reads_the_rest_of_the_epoch_on
     assert state["consumed"] == 2 * batch * world and all(loader.state_dict() == state for loader in first)
 
     second = loaders(new_world, new_batch)
-    with caplog.at_level(logging.INFO, logger="feedline.datamodules.resume"):
+    with caplog.at_level(logging.INFO, logger="feedline.datamodules.epoch.resume"):
         for loader in second:
             loader.load_state_dict(state)
     said = (  # the world and the batch size, each named as what it is
@@ -644,7 +644,7 @@ def test_another_split_with_the_same_counts_is_refused(tmp_path, change, said):
 
 
 def test_a_split_of_the_same_rows_has_the_same_digest_in_any_source(tmp_path):
-    from feedline.datasets.lazy_folder import LazyFolderSource
+    from feedline.datasets.folder.lazy import LazyFolderSource
 
     tree = simple_tree(tmp_path / "tree", per_class=10)
     lazy = make_lazy(tmp_path / "lazy", per_class=10)

@@ -15,10 +15,10 @@ import time
 import numpy as np
 import pytest
 
-from feedline.datasets.chunk_cache import ChunkCache
-from feedline.datasets.chunks import ChunkError
-from feedline.datasets.shards import ShardsSource
-from feedline.datasets.stores import StoreError
+from feedline.datasets.shards.chunks import ChunkError
+from feedline.datasets.shards.source import ShardsSource
+from feedline.storage.chunk_cache import ChunkCache
+from feedline.storage.stores import StoreError
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
@@ -27,7 +27,7 @@ from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
 @pytest.fixture(scope="module")
 def local_shards(tmp_path_factory):
     """A shards dataset of 30 images in many small chunks, written by feedline's writer."""
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 
@@ -229,7 +229,7 @@ def test_convert_writes_straight_to_a_url_that_train_reads(s3_server, tmp_path):
 def test_an_upload_killed_before_its_last_files_never_reads_as_a_dataset(
     s3_server, local_shards, monkeypatch, tmp_path
 ):
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
     from feedline.writers import upload
 
     url = s3_server.new_prefix()
@@ -253,7 +253,7 @@ def test_an_upload_killed_before_its_last_files_never_reads_as_a_dataset(
 
 
 def test_a_prefix_holding_other_objects_is_never_written_into(s3_server, tmp_path):
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
     from feedline.writers.upload import check_remote_target
 
     url = s3_server.new_prefix()
@@ -373,7 +373,7 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
 def test_a_body_that_breaks_off_is_resumed_only_from_the_same_object(monkeypatch):
     """A chunk replaced (same size: converted again) while its body broke off: the ranged request that goes on
     from the byte reached must ask for the same object (If-Match its ETag), never splice two versions."""
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     store = S3Store("s3://bucket/prefix")
     versions, current, calls = {"v1": b"a" * 100, "v2": b"b" * 100}, ["v1"], []
@@ -421,7 +421,7 @@ def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group
     """convert.py's output (out.path) is set through out.storage_options, not source.storage_options."""
     from botocore import exceptions as bx
 
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     store = S3Store("s3://bucket/prefix", {"endpoint_url": "http://127.0.0.1:1"}, key)
     denied = bx.ClientError({"Error": {"Code": "SignatureDoesNotMatch"}}, "ListObjectsV2")
@@ -438,7 +438,7 @@ def test_the_advice_names_the_storage_options_of_the_commands_own_key(key, group
 
 
 def test_an_endpoint_without_its_scheme_is_told_to_add_one():
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     store = S3Store(
         "s3://bucket/prefix",
@@ -460,7 +460,7 @@ def test_a_client_from_the_environment_logs_nothing_at_info(monkeypatch, caplog)
     by every process and worker of a run; a level the user set for them is left alone."""
     import logging
 
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
@@ -484,7 +484,7 @@ def test_a_client_from_the_environment_logs_nothing_at_info(monkeypatch, caplog)
 def test_a_url_converted_again_is_never_read_from_the_chunks_cached_before(s3_server, local_shards, tmp_path):
     """The same URL written again in another order (out.seed): the chunks have the same names, and here the
     same sizes; a cache keyed by the URL alone served the bytes of the dataset before."""
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 
@@ -550,12 +550,12 @@ def test_a_mix_reads_an_s3_part_through_its_own_endpoint_beside_a_local_part_in_
     """source=mix: an S3 shards part keeps its own endpoint, credentials and cache; a local folder part
     beside it; the shards part's slots follow its chunk-aware order."""
 
-    from feedline.datasets.folder import FolderSource
-    from feedline.datasets.mix import MixSource
-    from feedline.datasets.mix_order import part_seed
+    from feedline.datasets.folder.source import FolderSource
+    from feedline.datasets.mix.order import part_seed
+    from feedline.datasets.mix.source import MixSource
 
     s3_part = {
-        "_target_": "feedline.datasets.shards.ShardsSource",
+        "_target_": "feedline.datasets.shards.source.ShardsSource",
         "path": remote,
         "val_fraction": 0,
         "window": 1,
@@ -593,7 +593,7 @@ def test_a_prefix_with_a_hash_or_question_mark_is_read_as_written(s3_server, loc
 
 def test_a_url_without_a_bucket_is_refused_by_key(tmp_path):
     from feedline.writers.options import WriteOptions
-    from feedline.writers.shards import output_dir
+    from feedline.writers.shards.output import output_dir
 
     with pytest.raises(ValueError, match=r"source.path=s3://: not a URL of the form s3://bucket/prefix"):
         ShardsSource("s3://", val_fraction=0, cache_dir=tmp_path)
@@ -614,7 +614,7 @@ def test_a_url_without_a_bucket_is_refused_by_key(tmp_path):
 def test_a_retry_setting_that_is_no_number_is_refused_by_its_key(name, value):
     """They were taken as given and failed at the first request as a bare ValueError of int() or botocore's
     (or were rounded: 1.5 attempts), naming the object's URL but not the setting."""
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     with pytest.raises(ValueError, match=rf"out.storage_options.{name}={value!r} must be"):
         S3Store("s3://bucket/prefix", {name: value}, "out.path")
@@ -629,8 +629,8 @@ def test_a_conversion_to_a_url_killed_mid_upload_leaves_no_scratch_copy_behind(
     import multiprocessing
     import tempfile
 
-    from feedline.datasets.folder import FolderSource
-    from feedline.writers import shards as writer
+    from feedline.datasets.folder.source import FolderSource
+    from feedline.writers.shards import write as writer
     from feedline.writers.options import WriteOptions
 
     scratch = tmp_path / "tmp"
@@ -665,7 +665,7 @@ def test_an_upload_over_a_dataset_that_may_not_be_deleted_names_the_url(s3_serve
     ClientError, naming neither the object nor what to do."""
     from botocore.exceptions import ClientError
 
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
     from feedline.writers import upload
 
     url = s3_server.new_prefix()
@@ -717,7 +717,7 @@ def test_a_chunk_the_local_file_refuses_is_not_fetched_again_as_a_broken_body(mo
     it was requested again from the same byte, with backoff, max_attempts times, to fail the same way."""
     import errno
 
-    from feedline.datasets.stores import S3Store
+    from feedline.storage.stores import S3Store
 
     store, calls = S3Store("s3://bucket/prefix"), []
 

@@ -1,4 +1,4 @@
-"""Secrets in storage options never reach a file a run writes (cli/secrets.py, datasets/stores.py): given on the
+"""Secrets in storage options never reach a file a run writes (cli/secrets.py, storage/stores.py): given on the
 command line they move into the environment before Hydra reads them, given by value in a config file the run
 is refused before anything is written, and checkpoints record a secret by the variable that holds it."""
 
@@ -28,8 +28,8 @@ from feedline.cli.secrets import (
 )
 from feedline.datamodules.image import ImageDataModule
 from feedline.datamodules.parts import build
-from feedline.datasets.store_secrets import HIDDEN, SECRET_OPTIONS, without_secrets
-from feedline.datasets.stores import STORAGE_OPTIONS, S3Store, StoreError
+from feedline.storage.secrets import HIDDEN, SECRET_OPTIONS, without_secrets
+from feedline.storage.stores import STORAGE_OPTIONS, S3Store, StoreError
 from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
@@ -409,7 +409,7 @@ def reference(key: str) -> str:
 
 def second_dataset(server, tmp_path) -> str:
     """Another small dataset (a mix refuses two parts of one dataset), written here and uploaded: its URL."""
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from feedline.convert import run_convert
-from feedline.datasets.chunks import Chunks, dataset_dirs
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.shards.chunks import Chunks, dataset_dirs
 from feedline.writers.options import WriteOptions
-from feedline.writers.shards import rows_to_write
+from feedline.writers.shards.write import rows_to_write
 from tests.conftest import ROOT_DIR
 from tests.helpers import make_tree, simple_tree
 
@@ -105,7 +105,7 @@ def test_converting_again_replaces_the_dataset_whole(make_cfg, tmp_path):
 
 SLOW_CONVERSION = """
 import os, sys, time
-from feedline.datasets.folder import FolderSource
+from feedline.datasets.folder.source import FolderSource
 from feedline.writers.shards import convert
 from feedline.writers.options import WriteOptions
 
@@ -198,7 +198,7 @@ def shards(make_cfg, tmp_path):
 def test_source_shards_reads_every_sample_with_its_label_and_pickles_small(shards, tmp_path):
     import pickle
 
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     source = ShardsSource(shards, val_fraction=0.2, cache_dir=tmp_path / "c")
     source.prepare()
@@ -215,7 +215,7 @@ def test_source_shards_reads_every_sample_with_its_label_and_pickles_small(shard
 
 
 def test_a_held_out_shards_directory_is_the_val_split(make_cfg, shards, tmp_path):
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     _convert(make_cfg, simple_tree(tmp_path / "v", per_class=2), tmp_path / "val")
     source = ShardsSource(shards, val_path=tmp_path / "val", val_fraction=0.3, cache_dir=tmp_path / "c")
@@ -227,8 +227,8 @@ def test_a_held_out_shards_directory_is_the_val_split(make_cfg, shards, tmp_path
 
 
 def test_a_missing_or_truncated_chunk_is_named_with_its_path(shards, tmp_path):
-    from feedline.datasets.chunks import ChunkError
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.chunks import ChunkError
+    from feedline.datasets.shards.source import ShardsSource
 
     records = ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").split("train")
     first, last = records.chunks.files[0], records.chunks.files[-1]
@@ -244,8 +244,8 @@ def test_a_missing_or_truncated_chunk_is_named_with_its_path(shards, tmp_path):
 def test_compressed_encrypted_or_arrow_footer_chunks_are_refused(shards, tmp_path):
     import json
 
-    from feedline.datasets.chunks import ARROW_TAIL, ChunkError
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.chunks import ARROW_TAIL, ChunkError
+    from feedline.datasets.shards.source import ShardsSource
 
     index_path = os.path.join(shards, "index.json")
     index = json.loads(Path(index_path).read_text())
@@ -268,7 +268,7 @@ def test_a_bad_image_in_a_chunk_follows_on_bad_sample(shards, tmp_path):
 
     from feedline.datamodules.bad_samples import BadSampleError
     from feedline.datamodules.samples import SampleDataset
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
 
     records = ShardsSource(shards, val_fraction=0, cache_dir=tmp_path / "c").split("train")
     path = records.chunks.files[0]
@@ -285,8 +285,8 @@ def test_a_bad_image_in_a_chunk_follows_on_bad_sample(shards, tmp_path):
 
 # -- the chunk-aware order ------------------------------------------------------------------------------
 def _records(sizes, window, subset=None):
-    from feedline.datasets.records import InMemoryArray
-    from feedline.datasets.shards import ShardsRecords
+    from feedline.datasets.arrays import InMemoryArray
+    from feedline.datasets.shards.source import ShardsRecords
 
     chunks = Chunks([f"chunk-{c}.bin" for c in range(len(sizes))], sizes, [0] * len(sizes))
     return ShardsRecords(chunks, window, InMemoryArray(subset) if subset is not None else None)
@@ -294,7 +294,7 @@ def _records(sizes, window, subset=None):
 
 @pytest.mark.parametrize("world, batch", [(1, 6), (2, 3), (3, 2)])
 def test_the_chunk_order_reads_each_sample_once_and_a_batch_touches_a_bounded_number_of_chunks(world, batch):
-    from feedline.datamodules.resume import EpochSampler
+    from feedline.datamodules.epoch.resume import EpochSampler
 
     sizes, window = (
         [7, 9, 8, 7, 10, 7, 8, 9, 7, 8],
@@ -330,7 +330,7 @@ def test_a_global_shuffle_would_touch_every_chunk_in_a_batch():
 def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_once(
     make_cfg, tmp_path, world, batch, new_world, new_batch
 ):
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datasets.shards.source import ShardsSource
     from tests.test_resume import digests, per_sample, world_loaders
 
     classes = [f"c{k:02d}" for k in range(24)]  # one image each: a label names its sample
@@ -380,8 +380,8 @@ def test_a_shards_run_resumes_on_another_world_and_batch_size_reading_the_rest_o
 def test_a_resume_in_another_chunk_order_is_refused_by_name(make_cfg, tmp_path, change, said):
     """The order depends on source.window and the chunks too: a resume that draws another one would read
     samples twice and miss others, so it is refused like a changed seed, even with the same split."""
-    from feedline.datamodules.resume_checks import ResumeError
-    from feedline.datasets.shards import ShardsSource
+    from feedline.datamodules.epoch.checks import ResumeError
+    from feedline.datasets.shards.source import ShardsSource
     from tests.test_resume import digests, world_loaders
 
     tree = simple_tree(tmp_path / "tree", per_class=8)

@@ -10,8 +10,8 @@ import pickle
 import numpy as np
 import pytest
 
-from feedline.datasets.chunks import ChunkError
-from feedline.datasets.shards import ShardsSource
+from feedline.datasets.shards.chunks import ChunkError
+from feedline.datasets.shards.source import ShardsSource
 from tests.helpers import simple_tree
 from tests.test_shards import _convert
 
@@ -89,7 +89,7 @@ def test_a_garbled_sidecar_or_index_names_its_file(make_cfg, tmp_path, name):
 def test_a_resume_with_another_window_is_refused_not_read_in_another_order(make_cfg, tmp_path):
     """source.window changes the epoch's order: a position counted in the old order skipped some samples and
     repeated others in the new one."""
-    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datamodules.epoch.checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
     classes = [f"c{k:02d}" for k in range(24)]
@@ -207,18 +207,18 @@ def test_what_another_job_wrote_into_out_path_during_a_conversion_is_never_remov
 ):
     """A whole conversion to out.path, and meanwhile a part job (its lock is its own folder's) wrote its part
     into out.path: the whole conversion replaced the directory at its end, the finished part with it."""
-    import feedline.writers.shards as shards
+    from feedline.writers.shards import write
 
     tree = simple_tree(tmp_path / "tree", per_class=3)
     out = tmp_path / "shards"
-    writer = shards._run_writer
+    writer = write.run_writer
 
     def meanwhile(*args, **kwargs):
         writer(*args, **kwargs)
         (out / "part-00000-of-00002").mkdir(parents=True)
         (out / "part-00000-of-00002" / "index.json").write_text("{}")
 
-    monkeypatch.setattr(shards, "_run_writer", meanwhile)
+    monkeypatch.setattr(write, "run_writer", meanwhile)
     with pytest.raises(ValueError, match="out.path"):
         _convert(make_cfg, tree, out)
     assert (out / "part-00000-of-00002" / "index.json").exists()
@@ -280,7 +280,7 @@ def test_a_resume_over_shards_converted_again_in_another_order_is_refused(make_c
     """out.path converted again with another out.seed between save and resume: the same number of samples in
     chunks of the same sizes, so the split digest and the chunk layout agreed, but every row holds another
     image: the rest of the epoch repeated some and skipped others."""
-    from feedline.datamodules.resume_checks import ResumeError
+    from feedline.datamodules.epoch.checks import ResumeError
     from tests.test_resume import digests, world_loaders
 
     tree = simple_tree(tmp_path / "tree", per_class=8)

@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import pytest
 
-from feedline.datasets.chunks import ChunkError
-from feedline.datasets.shards import ShardsSource
+from feedline.datasets.shards.chunks import ChunkError
+from feedline.datasets.shards.source import ShardsSource
 from tests.helpers import simple_tree
 from tests.s3_server import upload_dir
 from tests.test_s3_shards import options
@@ -28,7 +28,7 @@ WHERE = ["local", "s3"]
 def written(tmp_path_factory):
     """12 classes of one image each in chunks of one or two samples: every chunk's labels differ from any
     other's, and several chunks have the same size and sample count."""
-    from feedline.datasets.folder import FolderSource
+    from feedline.datasets.folder.source import FolderSource
     from feedline.writers.options import WriteOptions
     from feedline.writers.shards import convert_source
 

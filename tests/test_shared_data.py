@@ -1,5 +1,5 @@
 """Two sources of one run (a mix's parts; one source's train, val and test) share no data, no chunk cache under
-two limits and no class spelt two ways unless told (datasets/same_data.py, datasets/mix_checks.py)."""
+two limits and no class spelt two ways unless told (datasets/overlap/same_data.py, datasets/mix/checks.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.hdf5 import HDF5Source
-from feedline.datasets.lazy_folder import LazyFolderSource
-from feedline.datasets.mix import MixSource
-from feedline.datasets.shards import ShardsSource
-from feedline.datasets.wds import WdsSource
+from feedline.datasets.folder.lazy import LazyFolderSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.hdf5.source import HDF5Source
+from feedline.datasets.mix.source import MixSource
+from feedline.datasets.shards.source import ShardsSource
+from feedline.datasets.wds.source import WdsSource
 from feedline.train import train
 from tests.conftest import FAST
 from tests.helpers import simple_tree, wds_tars
@@ -179,7 +179,7 @@ def test_the_same_source_config_with_a_stack_of_its_own_is_the_one_sharing_allow
 
 
 def test_a_tree_and_its_lazy_layout_are_one_dataset(data, tmp_path):
-    from feedline.datasets import same_data
+    from feedline.datasets.overlap import same_data
     from feedline.writers.lazy_layout import MARKER, layout
 
     assert same_data.LAYOUT_MARKER == MARKER

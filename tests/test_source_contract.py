@@ -19,10 +19,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 from feedline.datamodules.samples import BadSampleError, SampleDataset
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.hdf5 import HDF5Source
-from feedline.datasets.lazy_folder import LazyFolderSource
-from feedline.datasets.wds import WdsSource
+from feedline.datasets.folder.lazy import LazyFolderSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.hdf5.source import HDF5Source
+from feedline.datasets.wds.source import WdsSource
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.lazy_layout import layout
 from feedline.writers.options import HDF5WriteOptions

@@ -13,14 +13,14 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.datasets import same_data
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.hdf5 import HDF5Source
-from feedline.datasets.lazy_folder import LazyFolderSource
-from feedline.datasets.mix import MixSource
-from feedline.datasets.shards import ShardsSource
-from feedline.datasets.wds import WdsSource
-from feedline.datasets.wds_tars import TarError
+from feedline.datasets.folder.lazy import LazyFolderSource
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.hdf5.source import HDF5Source
+from feedline.datasets.mix.source import MixSource
+from feedline.datasets.overlap import same_data
+from feedline.datasets.shards.source import ShardsSource
+from feedline.datasets.wds.source import WdsSource
+from feedline.datasets.wds.tars import TarError
 from tests.helpers import image_bytes, simple_tree, wds_tars, write_tar
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
 

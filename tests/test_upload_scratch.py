@@ -10,9 +10,10 @@ import os
 import stat
 import tempfile
 
-from feedline.datasets.folder import FolderSource
-from feedline.writers import shards as writer
+from feedline.datasets.folder.source import FolderSource
+from feedline.writers.shards import write as writer
 from feedline.writers.options import WriteOptions
+from feedline.writers.shards.scratch import lock_path
 from tests.helpers import simple_tree
 from tests.test_cache_trust import owned_by_another
 from tests.test_s3_shards import options, remote_source
@@ -27,7 +28,7 @@ def test_a_scratch_folder_made_first_under_the_conversions_name_is_never_used(
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     url = s3_server.new_prefix()
-    stem = f"{writer._lock_path(url)}.scratch-"
+    stem = f"{lock_path(url)}.scratch-"
     planted = temp / os.path.basename(f"{stem}{os.getpid()}")  # the name this very process would have used
     planted.mkdir()
     os.chmod(planted, 0o777)

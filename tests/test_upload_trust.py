@@ -8,11 +8,12 @@ import shutil
 
 import pytest
 
-from feedline.datasets.folder import FolderSource
-from feedline.datasets.shards import ShardsSource
-from feedline.datasets.stores import S3Store
-from feedline.writers import shards as writer
+from feedline.datasets.folder.source import FolderSource
+from feedline.datasets.shards.source import ShardsSource
+from feedline.storage.stores import S3Store
+from feedline.writers.shards import write as writer
 from feedline.writers.options import WriteOptions
+from feedline.writers.shards.output import check_target
 from tests.helpers import simple_tree
 from tests.s3_server import upload_dir
 from tests.test_s3_shards import options
@@ -195,10 +196,10 @@ def test_a_directory_and_a_prefix_holding_the_same_files_are_judged_alike(
     upload_dir(s3_server, local, url)
     for target in (str(local), url):
         if refused is None:
-            assert writer.check_target(out(s3_server, target)) == target
+            assert check_target(out(s3_server, target)) == target
         else:
             with pytest.raises(ValueError, match=rf"out.path={target} holds .*{refused}"):
-                writer.check_target(out(s3_server, target))
+                check_target(out(s3_server, target))
 
 
 @pytest.mark.parametrize("how", ["overwritten-at-once", "overwritten-later", "added"])

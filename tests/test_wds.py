@@ -16,11 +16,11 @@ import pytest
 
 from feedline.cli.instantiate import instantiate
 from feedline.convert import run_convert
-from feedline.datasets.chunks import Chunks, dataset_dirs
-from feedline.datasets.wds import WdsSource
-from feedline.datasets.wds_tars import TarError, expand_braces
+from feedline.datasets.shards.chunks import Chunks, dataset_dirs
+from feedline.datasets.wds.source import WdsSource
+from feedline.datasets.wds.tars import TarError, expand_braces
 from feedline.writers.options import WriteOptions
-from feedline.writers.shards import rows_to_write
+from feedline.writers.shards.write import rows_to_write
 from tests.conftest import ROOT_DIR
 from tests.helpers import image_bytes, wds_tars, write_tar
 
@@ -58,7 +58,7 @@ def test_tars_convert_to_shards_from_the_command_line_and_every_sample_reads_bac
 
 
 def test_tars_convert_to_hdf5_with_the_same_bytes_and_labels(make_cfg, tmp_path):
-    from feedline.datasets.hdf5 import HDF5Source
+    from feedline.datasets.hdf5.source import HDF5Source
 
     written = wds_tars(tmp_path / "tars", label="json")
     cfg = make_cfg(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
-from feedline.datasets.hdf5 import HDF5Source
-from feedline.datasets.lazy_folder import LazyFolderSource
+from feedline.datasets.folder.lazy import LazyFolderSource
+from feedline.datasets.hdf5.source import HDF5Source
 from feedline.writers.lock import writer_lock
 from feedline.writers.options import HDF5WriteOptions
 

@@ -1,4 +1,4 @@
-"""Write any source's samples into one HDF5 file (the layout ``datasets/hdf5.py`` reads).
+"""Write any source's samples into one HDF5 file (the layout ``datasets/hdf5/source.py`` reads).
 
 Every input is decoded (which validates it) in a process pool, resized when asked, and written in
 chunks, in the source's sample order. The file is written under a temporary name and renamed into place
@@ -20,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 
-from feedline.datasets.hdf5_layout import FORMAT, RAGGED, RAGGED_BYTES
-from feedline.datasets.scan import available_cpus
+from feedline.datasets.folder.scan import available_cpus
+from feedline.datasets.hdf5.layout import FORMAT, RAGGED, RAGGED_BYTES
 from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
 from feedline.writers.origin import check_not_input, recorded_source

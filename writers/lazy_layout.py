@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from feedline.datasets.index import open_index
-from feedline.datasets.lazy_checks import LayoutError
-from feedline.datasets.records import require_dir
+from feedline.datasets.folder.index import open_index
+from feedline.datasets.folder.lazy_checks import LayoutError
+from feedline.datasets.paths import require_dir
 from feedline.writers.lock import writer_lock
 
 MARKER = ".feedline-layout.json"

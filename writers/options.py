@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads typing's generics
 
 from feedline.datasets.options import HDF5Options, LazyFolderOptions
-from feedline.datasets.sizes import parse_bytes
+from feedline.storage.sizes import parse_bytes
 
 MODES = ("encoded", "raw")
 MAX_SIDE = 65535  # JPEG's limit, and far beyond any image worth training on

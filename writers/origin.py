@@ -1,6 +1,6 @@
 """What a conversion records of the data it reads, and the outputs it may not write: the data itself.
 
-- ``recorded_source``: the sidecar's or the HDF5 attribute's ``source``, which ``datasets/same_data.py``
+- ``recorded_source``: the sidecar's or the HDF5 attribute's ``source``, which ``datasets/overlap/same_data.py``
   reads to tell a conversion's data from other data (it follows every ``root='...'`` and ``path='...'`` the
   text names). The source's repr, and where the data it reads is itself a conversion, that conversion's own
   record after it (``<repr>, made from <record>``): a chain tree -> shards -> HDF5 still names the tree once
@@ -8,7 +8,7 @@
 - ``rows_digest``: which rows a source holds, in order (each row's file relative to its root, or where it
   lies in its file or dataset, and its label), and the bytes of a few rows spread over them (so two trees of
   the same file names and labels differ too). Every part job of a conversion records it, and parts that
-  differ are never read as one dataset (``datasets/shard_parts.py``): a tree edited between the jobs (a file
+  differ are never read as one dataset (``datasets/shards/parts.py``): a tree edited between the jobs (a file
   renamed or moved to another class keeps the count and the classes), or another tree.
 - ``check_not_input``: an output that is the data the conversion reads (under any spelling), holds it, or
   lies in it, and a shards directory inside a tree of class folders it reads, are refused before anything
@@ -23,15 +23,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from feedline.datasets.folder import FolderRecords
-from feedline.datasets.hdf5 import HDF5Records
-from feedline.datasets.lazy_folder import LazyFolderRecords
-from feedline.datasets.mix import MixRecords
-from feedline.datasets.same_data import data_of, described, local_place, meet, records_of, url_place
-from feedline.datasets.shard_meta import load_labels
-from feedline.datasets.shards import ShardsRecords
-from feedline.datasets.stores import is_url
-from feedline.datasets.wds import WdsRecords
+from feedline.datasets.folder.lazy import LazyFolderRecords
+from feedline.datasets.folder.source import FolderRecords
+from feedline.datasets.hdf5.source import HDF5Records
+from feedline.datasets.mix.source import MixRecords
+from feedline.datasets.overlap.same_data import data_of, described, local_place, meet, records_of, url_place
+from feedline.datasets.shards.meta import load_labels
+from feedline.datasets.shards.source import ShardsRecords
+from feedline.datasets.wds.source import WdsRecords
+from feedline.storage.stores import is_url
 
 MADE_FROM = ", made from "  # between a source's repr and the records of origin it carries on
 SAMPLED = 8  # rows whose bytes a rows digest holds: two trees of the same names and labels differ by them

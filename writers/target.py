@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from feedline.datasets.chunks import LABELS, PART, SIDECAR, as_store, load_index
+from feedline.datasets.shards.chunks import LABELS, PART, SIDECAR, as_store, load_index
 
 CHUNK = re.compile(r"chunk-\d+-\d+\.bin")
 SKIPPED = "skipped.tsv"

@@ -24,8 +24,8 @@ import os
 import socket
 import uuid
 
-from feedline.datasets.chunks import SIDECAR
-from feedline.datasets.stores import S3Store
+from feedline.datasets.shards.chunks import SIDECAR
+from feedline.storage.stores import S3Store
 from feedline.writers.lock import OutputBusyError
 from feedline.writers.progress import progress
 from feedline.writers.target import SHOWN, check_replaceable, own_names

@@ -1,0 +1,306 @@
+"""The ``hdf5`` source: one HDF5 file of images and labels (layouts: ``datasets/hdf5/layout.py``).
+
+Reading with workers: the RecordSet pickles as the path and a few settings; each process opens its own
+handle on first use (a handle inherited through fork is never used), checked to be the file inspected
+here (``datasets/hdf5/files.py``), and a batch is read with one sorted read (``getitems``). Contiguous,
+uncompressed array datasets are memory-mapped instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from feedline.datasets.arrays import LazyArray
+from feedline.datasets.cache import cache_path, check_array, save_array
+from feedline.datasets.hdf5.files import check_path, map_array, open_hdf5
+from feedline.datasets.hdf5.layout import LAYOUTS, RAGGED, SCALES, check_labels, inspect_file
+from feedline.datasets.options import HDF5Options as _O  # the defaults, written once
+from feedline.datasets.overlap.same_data import check_own
+from feedline.datasets.paths import local_path
+from feedline.datasets.records import Records, Source, check_class_names
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+
+log = logging.getLogger(__name__)
+
+
+class HDF5Records(Records):
+    """One split of an HDF5 file. Payload: encoded bytes (uint8, 1-D) or a uint8 (3, H, W) array."""
+
+    def __init__(
+        self,
+        path: str,
+        images_key: str,
+        encoded: bool,
+        layout: str,
+        scale: float,
+        labels: LazyArray,
+        subset=None,
+        mapped: tuple | None = None,
+        ragged: dict | None = None,
+        key: str = "source.path",
+        identity: tuple | None = None,
+    ):
+        super().__init__(subset)
+        self.path, self.key = path, key
+        self.identity = identity  # the file as inspected: every open checks it is still that file
+        self.mapped = mapped  # (offset, shape, dtype) of a contiguous, uncompressed array dataset
+        self.ragged = ragged  # whole raw images of varying size: where their shapes and offsets are
+        self.images_key = images_key
+        self.encoded = encoded
+        self.layout = layout
+        self.scale = scale
+        self.labels = labels
+        self._images = self._shapes = self._offsets = None
+        self._pid = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for name in ("_images", "_shapes", "_offsets", "_pid"):
+            state[name] = None  # never ship a handle: each process opens its own
+        return state
+
+    @property
+    def images(self):
+        """The images dataset, opened in this process. A contiguous, uncompressed array dataset is
+        memory-mapped instead: rows come straight from the page cache, shared by every worker, with no
+        HDF5 call per read."""
+        if self._pid != os.getpid():  # first use in this process (or a fork inherited the parent's)
+            path, key, expected = self.path, self.key, self.identity
+            if self.mapped is not None:
+                self._images = map_array(path, self.mapped, "c", key, expected)
+            else:
+                self._images = open_hdf5(path, key, expected)[self.images_key]
+            if self.ragged:
+                with open_hdf5(path, key, expected) as f:
+                    index = {
+                        name: map_array(path, where, "r", key, expected) if where else f[name][:]
+                        for name, where in self.ragged.items()
+                    }
+                self._shapes, self._offsets = index.get("shapes"), index["offsets"]
+            self._pid = os.getpid()
+        return self._images
+
+    def _row(self, images, row: int):
+        """Row ``row`` as stored: an array row, or a ragged file's view of its flat array: (H, W, 3) raw
+        pixels, or an encoded image's bytes."""
+        if not self.ragged:
+            return images[row]
+        start = int(self._offsets[row])
+        if self._shapes is None:
+            return images[start : int(self._offsets[row + 1])]
+        height, width, channels = (int(d) for d in self._shapes[row])
+        return images[start : start + height * width * channels].reshape(height, width, channels)
+
+    @property
+    def total(self) -> int:
+        return len(self.labels.array)
+
+    def _payload(self, data):
+        if self.encoded:
+            return np.asarray(data, dtype=np.uint8)
+        array = np.asarray(data)
+        if array.ndim == 2:
+            array = array[None]
+        elif self.layout in ("hwc", RAGGED):
+            array = array.transpose(2, 0, 1)
+        if array.dtype != np.uint8:
+            array = np.clip(np.rint(array.astype(np.float32) * (255.0 / self.scale)), 0, 255).astype(np.uint8)
+        return array
+
+    def read(self, row: int):
+        return self._payload(self._row(self.images, row)), int(self.labels.array[row])
+
+    def getitems(self, indices) -> list:
+        """Read a batch in increasing row order. Variable-length rows: one fancy-index read (measured 2x
+        faster than row by row). Fixed-size arrays: consecutive runs as slices into one block, because
+        h5py's fancy indexing on chunked arrays is pathological (measured: 1.5 s for 64 rows of 256x256x3,
+        against 15 ms row by row)."""
+        rows = np.fromiter((self.row(i) for i in indices), dtype=np.int64, count=len(indices))
+        images, labels = self.images, self.labels.array
+        if (
+            self.mapped is not None
+        ):  # memory-mapped: zero-copy row views; a crop touches only its window's pages
+            return [(self._payload(self._row(images, r)), int(labels[r])) for r in rows.tolist()]
+        if self.ragged:  # ragged rows not mapped (a compressed file): one slice read each, in file order
+            read = {r: self._payload(self._row(images, r)) for r in sorted(set(rows.tolist()))}
+            return [(read[r], int(labels[r])) for r in rows.tolist()]
+        unique, inverse = np.unique(rows, return_inverse=True)
+        if self.encoded:
+            block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
+        else:
+            block = np.empty((len(unique), *images.shape[1:]), dtype=images.dtype)
+            breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+            for start, stop in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(unique)]])):
+                first = int(unique[start])
+                images.read_direct(block, np.s_[first : first + stop - start], np.s_[start:stop])
+        return [(self._payload(block[k]), int(labels[rows[n]])) for n, k in enumerate(inverse)]
+
+    def where(self, row: int) -> str:
+        return f"{self.path}:{self.images_key}[{row}]"
+
+
+class HDF5Source(Source):
+    """Samples from one HDF5 file; val from ``val_path`` or a seeded, stratified ``val_fraction``; test
+    likewise from ``test_path`` or ``test_fraction``."""
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = _O.val_path,
+        val_fraction: float = _O.val_fraction,
+        seed: int = _O.seed,
+        images_key: str = _O.images_key,
+        labels_key: str = _O.labels_key,
+        layout: str = _O.layout,
+        dtype: str | None = _O.dtype,
+        classes: list[str] | None = _O.classes,
+        cache_dir: str | None = _O.cache_dir,
+        test_path: str | None = _O.test_path,
+        test_fraction: float = _O.test_fraction,
+    ):
+        self.path = local_path(path, "source.path")
+        self.val_path = local_path(val_path, "source.val_path") if val_path else None
+        self.test_path = local_path(test_path, "source.test_path") if test_path else None
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
+        if self.val_path:
+            self.val_fraction = 0.0
+        if self.test_path:
+            self.test_fraction = 0.0
+        self.seed = check_seed(seed)
+        self.images_key, self.labels_key = images_key, labels_key
+        self.cache_dir = cache_dir
+        if layout not in LAYOUTS:
+            raise ValueError(f"source.layout={layout!r} is not one of: {', '.join(LAYOUTS)}")
+        if dtype is not None and str(dtype) not in SCALES:
+            raise ValueError(
+                f"source.dtype={dtype!r} is not one of: {', '.join(SCALES)} (or null: from the file)"
+            )
+        self._layout_arg, self._dtype_arg = layout, dtype
+        self._given_classes = check_class_names(classes, "source.classes") if classes else None
+        self._inspected: dict | None = None
+        if self._check_now():
+            self._files  # noqa: B018 - check the file now: a bad path or key fails before any work starts
+        check_own(self)  # val_path, test_path: neither path (a link, a conversion of it) nor each other
+
+    def _check_now(self) -> bool:
+        """Whether the file is checked at construction (a subclass that writes it in prepare() waits)."""
+        return True
+
+    @property
+    def _files(self) -> dict:
+        if self._inspected is None:
+            self._inspected = {
+                p: inspect_file(
+                    p,
+                    key,
+                    self.images_key,
+                    self.labels_key,
+                    self._layout_arg,
+                    self._dtype_arg,
+                    named=self._given_classes is not None,
+                )
+                for p, key in (
+                    (self.path, "source.path"),
+                    (self.val_path, "source.val_path"),
+                    (self.test_path, "source.test_path"),
+                )
+                if p
+            }
+        return self._inspected
+
+    @property
+    def classes(self) -> list[str]:
+        if self._given_classes:
+            return self._given_classes
+        return self._files[self.path]["classes"]
+
+    def prepare(self) -> None:
+        """Cache the labels and the split arrays next to each other (once per node)."""
+        for path in self._files:
+            self._labels(path)
+
+    def _cache(self, path: str):
+        _, size, mtime_ns = self._files[path]["identity"]  # the file as inspected, not as it may be now
+        key = [path, self.labels_key, size, mtime_ns, self._label_map(path)]
+        return cache_path("hdf5", os.path.splitext(os.path.basename(path))[0], key, self.cache_dir)
+
+    def _label_map(self, path: str) -> list[int] | None:
+        """For a val or test file whose classes differ from the training file's: its label -> the training
+        label of the class of that name. None when the classes agree (or for the training file)."""
+        if path == self.path or self._given_classes:
+            return None
+        own, classes = self._files[path]["classes"], self.classes
+        if own == classes[: len(own)]:
+            return None
+        unknown = sorted(set(own) - set(classes))
+        if unknown:
+            key = "source.val_path" if path == self.val_path else "source.test_path"
+            raise ValueError(f"{key} '{path}' has classes that source.path lacks: {', '.join(unknown[:10])}")
+        return [classes.index(name) for name in own]
+
+    def _labels(self, path: str):
+        """The labels of ``path``, checked once and cached as an int64 array beside the split arrays. A
+        cache that does not read back as N labels in range is rebuilt, with a warning."""
+        target = self._cache(path) / "labels.npy"
+        n, classes = self._files[path]["n"], len(self.classes)
+        if target.exists() or target.with_name(target.name + ".sum").exists():
+            try:
+                reason = check_array(target)
+                if reason:
+                    raise ValueError(reason)
+                cached = np.load(target, mmap_mode="r")
+                if cached.shape != (n,) or cached.dtype != np.int64:
+                    raise ValueError(f"shape {cached.shape}, dtype {cached.dtype}; expected ({n},) int64")
+                if n and (int(cached.min()) < 0 or int(cached.max()) >= classes):
+                    raise ValueError(f"labels outside 0..{classes - 1}")
+                return target
+            except (OSError, ValueError) as err:
+                log.warning("label cache %s is damaged (%s); rebuilding it", target, err)
+        mapping = self._label_map(path)
+        with open_hdf5(path, self._files[path]["key"], self._files[path]["identity"]) as f:
+            values = check_labels(
+                f[self.labels_key][:],
+                len(mapping) if mapping else classes,
+                f"source.path '{path}': labels '{self.labels_key}'",
+            )
+        if mapping:
+            values = np.asarray(mapping, dtype=np.int64)[values]
+        save_array(target, values)
+        return target
+
+    def split(self, name: str) -> HDF5Records:
+        own_file = {"val": self.val_path, "test": self.test_path}.get(check_split(name))
+        if name == "test" and not own_file and not self.test_fraction:
+            raise no_test_split(repr(self), "source.test_path=<an HDF5 file> or source.test_fraction=0.1")
+        path = own_file or self.path
+        info = self._files[path]
+        check_path(path, info["key"], info["identity"])  # trainer.test after fit: still the file fit read
+        labels = LazyArray(self._labels(path))
+        subset = None
+        if not own_file:
+            array = labels.array
+            counts = np.bincount(array, minlength=len(self.classes))
+            order = None if np.all(array[1:] >= array[:-1]) else np.argsort(array, kind="stable")
+            cache, classes = self._cache(path), self.classes
+            subset = subset_for(
+                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, classes
+            )
+        return HDF5Records(
+            path,
+            self.images_key,
+            info["encoded"],
+            info["layout"],
+            info["scale"],
+            labels,
+            subset=subset,
+            mapped=info["mapped"],
+            ragged=info["ragged"],
+            key=info["key"],
+            identity=info["identity"],
+        )
+
+    def __repr__(self) -> str:
+        return f"HDF5Source(path={self.path!r}, val_fraction={self.val_fraction})"

@@ -1,0 +1,5 @@
+"""The mix family: several sources as one, each part drawn by weight or count every epoch."""
+
+from feedline.public import exports
+
+__getattr__, __dir__ = exports(__name__)

@@ -1,0 +1,282 @@
+"""The shards format on disk (LitData's optimised chunks), read without LitData: one sample in O(1).
+
+    DIR/index.json          {"chunks": [{"filename", "chunk_size": samples, "chunk_bytes": file size}, ...],
+                             "config": {"data_format": ["bytes", "int"], "item_loader": "PyTreeLoader",
+                                        "compression": null, "encryption": null, ...}}
+    DIR/chunk-<w>-<n>.bin   uint32 N | uint32 offsets[N + 1] (absolute) | N samples, each:
+                            uint32 len(image) | uint32 8 | the image file's bytes | int64 label
+    DIR/feedline.json       feedline's sidecar: the class names, the sample count, how it was written
+    DIR/labels.npy          every sample's label, in order (int64): a split never reads a chunk
+    DIR/part-0000K-of-0000N/    the same, per part, when a conversion is split over N jobs
+
+``index.json`` is written last (LitData's writer), and feedline renames a dataset into place only once it
+and the sidecar exist, so a directory without them is not a dataset. Samples are numbered across the chunks
+in ``index.json``'s order, and across parts in part order (``datasets/shards/parts.py``). What the three small files
+say is checked where they are read (``datasets/shards/meta.py``); a chunk is checked against them when first opened in
+the process that reads it (size, sample count, offsets table) and each sample against labels.npy, so a
+missing, truncated or swapped chunk stops the run naming its path or URL; a malformed sample inside one is a
+bad sample (``OSError``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import mmap
+import os
+import stat
+import struct
+
+import numpy as np
+
+from feedline.datasets.shards.meta import (
+    AGAIN,
+    FORMAT,
+    LABELS,
+    SIDECAR,
+    ChunkError,
+    as_store,
+    index_identity,
+    load_index,
+    load_labels,
+    read_sidecar,
+)
+from feedline.datasets.shards.parts import PART, dataset_dirs, dataset_parts, is_complete, part_name
+
+__all__ = [  # what readers, writers and tests import from here; each lives in its own module
+    "ARROW_TAIL",
+    "FORMAT",
+    "LABELS",
+    "PART",
+    "SIDECAR",
+    "ChunkError",
+    "Chunks",
+    "as_store",
+    "dataset_dirs",
+    "dataset_parts",
+    "index_identity",
+    "is_complete",
+    "load_index",
+    "part_name",
+    "read_sidecar",
+]
+
+ARROW_TAIL = b"LDARW01\0"  # LitData's Arrow-footer chunks end so: their rows are not in the offsets table
+OPEN_MAPS = 64  # chunks open at once per process (a local one holds a file descriptor)
+SAMPLE_HEAD = 16  # a sample's two uint32 sizes and its int64 label: no sample is shorter
+
+
+class Chunks:
+    """The chunks of one dataset (its parts concatenated): sample ``row`` -> (image bytes, label).
+
+    The one read path of every shards dataset, local or not: each check is made here, once. A chunk is opened
+    on first use in the process that reads (at most ``OPEN_MAPS`` at a time, least recently used closed
+    first) and checked: its dataset is still the one the run read (``_check_current``), its size is the one
+    index.json gives, its head holds the sample count index.json lists and an offsets table that tiles the
+    chunk exactly. Every sample read is checked for its sizes, and its label against the one labels.npy
+    records for its row, so a chunk in the place of another (copied over it, index.json's entries reordered)
+    is refused. The bytes come from the primitives below: here, a local chunk memory-mapped; in
+    ``cached_chunks.CachedChunks``, one read of a chunk in the node's cache of an object store.
+
+    Pickles as paths and numbers, O(chunks + parts)."""
+
+    AGAIN = AGAIN  # what to do about a chunk that is missing or not what index.json says
+
+    def __init__(
+        self, files: list[str], sizes, nbytes, parts=(0,), labels=None, identity: dict | None = None
+    ):
+        self.files = list(files)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.nbytes = np.asarray(nbytes, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.parts = [int(first) for first in parts]  # each part's first chunk
+        # per part, (labels.npy to map, its name in messages): every sample read is checked against it
+        self.label_files = [tuple(entry) for entry in labels] if labels else []
+        # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
+        # while its dataset is still that one (not converted again to the same out.path meanwhile)
+        self.identity = dict(identity or {})
+        self._labels: dict[int, np.ndarray] = {}
+        self._maps: collections.OrderedDict | None = None
+        self._pid = None
+
+    @classmethod
+    def of(cls, directories: list[str]) -> Chunks:
+        files, sizes, nbytes, parts, identity = [], [], [], [], {}
+        for directory in directories:
+            identity[directory] = index_identity(directory)
+            parts.append(len(files))
+            for chunk in load_index(directory):
+                files.append(os.path.join(directory, chunk["filename"]))
+                sizes.append(chunk["chunk_size"])
+                nbytes.append(chunk["chunk_bytes"])
+        labels = [(os.path.join(d, LABELS),) * 2 for d in directories]
+        if not all(os.path.isfile(path) for path, _ in labels):
+            labels = None  # being written (the writer reads the labels back from the chunks)
+        return cls(files, sizes, nbytes, parts, labels, identity)
+
+    def __getstate__(self):
+        return self.files, self.sizes, self.nbytes, self.parts, self.label_files, self.identity
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def part_totals(self) -> list[tuple[int, int]]:
+        """(chunks, samples) of each part."""
+        bounds = [*self.parts, len(self.files)]
+        return [(b - a, int(self.starts[b] - self.starts[a])) for a, b in zip(bounds, bounds[1:])]
+
+    def chunk_of(self, rows) -> np.ndarray:
+        """The chunk of each row (vectorised)."""
+        return np.searchsorted(self.starts, np.asarray(rows, dtype=np.int64), side="right") - 1
+
+    def locate(self, row: int) -> tuple[int, int]:
+        c = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return c, int(row - self.starts[c])
+
+    def where(self, row: int) -> str:
+        c, j = self.locate(row)
+        return f"{self.name(c)}[{j}]"
+
+    # -- the checks: one path for every backend -------------------------------------------------------------
+    def check_files(self) -> None:
+        """Every chunk present with the size index.json gives it, or a ChunkError naming it."""
+        for c in range(len(self.files)):
+            self._checked_size(c, self._size_now(c))
+
+    def _checked_size(self, c: int, size: int | None) -> None:
+        if size is None:
+            raise ChunkError(f"chunk {self.name(c)} is missing (index.json lists it): {self.AGAIN}")
+        if size != int(self.nbytes[c]):
+            raise ChunkError(
+                f"chunk {self.name(c)} holds {size} bytes, index.json says {int(self.nbytes[c])}: it is truncated "
+                f"or was replaced; {self.AGAIN}"
+            )
+
+    def _open(self, c: int):
+        """(handle, offsets) of chunk ``c`` in this process, checked when first opened."""
+        if self._pid != os.getpid():  # first use in this process: never a map inherited through fork
+            self._maps, self._pid = collections.OrderedDict(), os.getpid()
+        if c in self._maps:
+            self._maps.move_to_end(c)
+            return self._maps[c]
+        self._check_current(c)
+        self._checked_size(c, self._size_now(c))
+        n, size = int(self.sizes[c]), int(self.nbytes[c])
+        wrong = ChunkError(
+            f"chunk {self.name(c)} does not hold the {n} samples index.json lists: convert it again"
+        )
+        if 4 * (n + 2) > size:  # not even its offsets fit: never read past its end
+            raise wrong
+        handle = self._open_chunk(c)
+        head = self._bytes(c, handle, 0, 4 * (n + 2))
+        offsets = np.frombuffer(head, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
+        if struct.unpack_from("<I", head, 0)[0] != n or offsets[0] != 4 * (n + 2):
+            raise wrong
+        if n and (offsets[0] == offsets[-1] or bytes(self._bytes(c, handle, size - 8, 8)) == ARROW_TAIL):
+            raise ChunkError(
+                f"chunk {self.name(c)} keeps its samples in an Arrow footer (LitData writes dicts so when pyarrow "
+                f"is installed); feedline reads (image bytes, label) tuples: write it with python convert.py "
+                f"out.format=shards"
+            )
+        if offsets[-1] != size or np.any(np.diff(offsets) < SAMPLE_HEAD):
+            raise ChunkError(
+                f"chunk {self.name(c)}: its table of sample offsets does not tile its {size} bytes (it ends at "
+                f"{int(offsets[-1])}, or a sample is shorter than {SAMPLE_HEAD} bytes): it is damaged; {self.AGAIN}"
+            )
+        self._maps[c] = (handle, offsets)
+        while len(self._maps) > OPEN_MAPS:
+            self._maps.popitem(last=False)  # a map is closed once the last view of it is gone
+        return self._maps[c]
+
+    def read(self, row: int) -> tuple[np.ndarray, int]:
+        c, j = self.locate(row)
+        handle, offsets = self._open(c)
+        start = int(offsets[j])
+        data = self._bytes(c, handle, start, int(offsets[j + 1]) - start)
+        size, label_size = struct.unpack_from("<II", data, 0)
+        if label_size != 8 or SAMPLE_HEAD + size != len(data):
+            raise OSError(
+                f"{self.where(row)}: malformed sample (sizes {size}, {label_size} in {len(data)} bytes)"
+            )
+        label = struct.unpack_from("<q", data, 8 + size)[0]
+        if self.label_files:
+            self._check_label(row, c, j, label)
+        return np.frombuffer(data, dtype=np.uint8, count=size, offset=8), label
+
+    def _check_label(self, row: int, c: int, j: int, label: int) -> None:
+        """The sample's label is the one labels.npy records for its row (mapped once per process), or a
+        ChunkError: the chunk is not the one written there (another of the same size copied over it, index.json
+        entries reordered), and its samples are not the rows the splits were drawn over."""
+        d = bisect.bisect_right(self.parts, c) - 1  # the part of chunk c
+        path, shown = self.label_files[d]
+        if d not in self._labels:
+            self._labels[d] = load_labels(path)
+        first = int(self.starts[self.parts[d]])
+        expected = int(self._labels[d][row - first]) if row - first < len(self._labels[d]) else None
+        if label != expected:
+            raise ChunkError(
+                f"chunk {self.name(c)}: sample {j} holds label {label}, but {shown} records {expected} for it: the "
+                f"chunk is not the one written there (another chunk copied over it, or index.json edited); "
+                f"{self.AGAIN}"
+            )
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label, read from the chunks (what the writer records in labels.npy)."""
+        out = np.empty(self.total, dtype=np.int64)
+        for c in range(len(self.files)):
+            handle, offsets = self._open(c)
+            data = np.frombuffer(self._bytes(c, handle, 0, int(self.nbytes[c])), dtype=np.uint8)
+            starts = offsets[:-1]
+            sizes = np.zeros(len(starts), dtype=np.int64)
+            for k in range(4):
+                sizes |= data[starts + k].astype(np.int64) << (8 * k)
+            at = starts + 8 + sizes
+            out[self.starts[c] : self.starts[c + 1]] = [struct.unpack_from("<q", data, int(a))[0] for a in at]
+        return out
+
+    # -- the primitives: where a chunk's bytes come from (here, a local file, memory-mapped) ------------------
+    def name(self, c: int) -> str:
+        """Chunk ``c`` in messages: its path (or URL)."""
+        return self.files[c]
+
+    def _size_now(self, c: int) -> int | None:
+        """Chunk ``c``'s size in bytes as it is now (None: missing)."""
+        try:
+            st = os.stat(self.files[c])
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise ChunkError(f"chunk {self.files[c]} is not a regular file: {self.AGAIN}")
+        return st.st_size
+
+    def _check_current(self, c: int) -> None:
+        """The chunk's dataset is the one this run read (one stat of its index.json), or a ChunkError: a
+        conversion to the same out.path replaced it, and its chunks, of the same names and maybe sizes, hold
+        other samples than the rows and splits this run drew from the old one."""
+        directory = os.path.dirname(self.files[c])
+        then = self.identity.get(directory)
+        if then is None:
+            return
+        try:
+            now = index_identity(directory)
+        except FileNotFoundError:
+            now = None
+        if now != tuple(then):
+            raise ChunkError(
+                f"the shards dataset {directory} was replaced (converted again?) since this run read it: its chunks "
+                f"hold other samples than the run's splits; restart the run, and convert to another out.path while "
+                f"a run reads the old one"
+            )
+
+    def _open_chunk(self, c: int):
+        with open(self.files[c], "rb") as f:
+            # copy-on-write: views are writable (torch takes them without a copy or a warning); nothing writes
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+
+    def _bytes(self, c: int, handle, offset: int, length: int):
+        """``length`` bytes of chunk ``c`` at ``offset`` (a view of its map: no copy)."""
+        return handle[offset : offset + length]

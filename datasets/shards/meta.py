@@ -1,0 +1,308 @@
+"""What a shards dataset says about itself, read once and checked before anything trusts it.
+
+    index.json      LitData's index: the chunks in row order, each {"filename", "chunk_size", "chunk_bytes"}
+    feedline.json   feedline's sidecar: the classes, the sample count, the settings it was written with, and
+                    each chunk's digest ({"chunk_digests": {"algorithm": "sha256", "chunks": {name: hex}}})
+    labels.npy      every sample's label in row order (int64, one dimension)
+
+A local directory and an object-storage prefix are read by the same functions (through ``storage/stores.py``), so
+the two can never check differently. Every value the reader relies on is checked for its type and range
+where the file is loaded, and a file that fails names itself, the entry and the key, and says to copy or
+convert the dataset again: an edited or damaged file stops the run at start, never deep in a worker.
+
+A chunk's digest is checked where a chunk is downloaded (``storage/chunk_cache.py``, as its bytes arrive, before it
+is published): a chunk replaced in a bucket by another of the same size and labels is refused there. A
+local chunk is never hashed on read (that would cost CPU per image): it is checked by its size, its offsets
+table and its samples' labels (``chunks.py``). A dataset written before digests were recorded has none, and
+is read as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+
+import numpy as np
+
+from feedline.storage.stores import LocalStore
+
+SIDECAR = "feedline.json"
+LABELS = "labels.npy"
+FORMAT = "feedline-shards/1"
+CHUNK = re.compile(r"chunk-\d+-\d+\.bin")  # LitData's chunk names: a plain name in the dataset's folder
+MAX_BYTES = 2**32 - 1  # a chunk's offsets are uint32
+DIGEST = "sha256"  # how the writer digests each chunk (recorded with the digests)
+DIGESTS = {"sha256": 64, "blake2b": 128}  # the algorithms a sidecar may name: hex digits of a digest of each
+AGAIN = "copy the dataset again, or convert it again"
+
+
+class ChunkError(RuntimeError):
+    """A chunk is missing, truncated, or not in the layout feedline reads: the dataset, not a sample, is bad."""
+
+
+def as_store(where):
+    """A store (``storage/stores.py``) as it is, a local directory's path as a ``LocalStore``."""
+    return where if hasattr(where, "read") else LocalStore(str(where))
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def read_json(store, rel: str, error: type[Exception]) -> dict:
+    """The JSON object in ``rel`` of ``store``, or ``error`` naming the file (a garbled or truncated copy)."""
+    where = store.where(rel)
+    try:
+        value = json.loads(store.read(rel))
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError; nested past any use
+        raise error(f"{where} is not readable JSON ({type(err).__name__}: {err}): {AGAIN}") from None
+    if not isinstance(value, dict):
+        raise error(f"{where} holds {type(value).__name__}, not a JSON object: {AGAIN}")
+    return value
+
+
+# -- index.json ----------------------------------------------------------------------------------------------
+def load_index(where, rel: str = "") -> list[dict]:
+    """The chunks of the dataset directory ``rel`` of ``where`` (a path or a store), from its index.json, once
+    the layout is one feedline reads and every entry is a chunk of this directory with whole counts."""
+    store = as_store(where)
+    shown = store.where(join(rel, "index.json"))
+    index = read_json(store, join(rel, "index.json"), ChunkError)
+    if not isinstance(index.get("chunks"), list):
+        raise ChunkError(f"{shown}: no list of chunks; {AGAIN}")
+    config = index.get("config") or {}
+    if not isinstance(config, dict):
+        raise ChunkError(f"{shown}: its config is {type(config).__name__}, not an object; {AGAIN}")
+    for name in ("compression", "encryption"):
+        if config.get(name):
+            raise ChunkError(
+                f"{shown}: {name}={config[name]!r}; feedline reads uncompressed, unencrypted chunks (the images are "
+                f"compressed files already). Write the dataset again with python convert.py out.format=shards"
+            )
+    formats = config.get("data_format")
+    if (
+        config.get("item_loader") != "PyTreeLoader"
+        or not isinstance(formats, list)
+        or formats != ["bytes", "int"]
+    ):
+        raise ChunkError(
+            f"{shown}: samples of {formats} read by {config.get('item_loader')}; feedline reads "
+            f"(image bytes, int label) samples as python convert.py out.format=shards writes them"
+        )
+    seen: set[str] = set()
+    return [_checked_entry(entry, k, shown, seen) for k, entry in enumerate(index["chunks"])]
+
+
+def _checked_entry(entry, k: int, shown: str, seen: set) -> dict:
+    """Entry ``k`` of index.json's chunks: a chunk's plain file name, listed once, its sample count and size in
+    bytes whole numbers in range (a bool, a float or a string is not a count)."""
+    if not isinstance(entry, dict):
+        raise ChunkError(f"{shown}: chunks[{k}] is {type(entry).__name__}, not an object; {AGAIN}")
+    name = entry.get("filename")
+    what = f"{shown}: chunks[{k}]" + (f" ({name})" if isinstance(name, str) and CHUNK.fullmatch(name) else "")
+
+    def bad(key: str, why: str) -> ChunkError:
+        return ChunkError(f"{what}: {key} {why}; the index was edited or damaged: {AGAIN}")
+
+    for key in ("filename", "chunk_size", "chunk_bytes"):
+        if key not in entry:
+            raise bad(key, "is missing")
+    if not isinstance(name, str) or not CHUNK.fullmatch(name):
+        raise bad("filename", f"{name!r} is not a chunk's name in the dataset's folder (chunk-<w>-<n>.bin)")
+    if name in seen:
+        raise bad("filename", f"{name!r} is listed twice")
+    seen.add(name)
+    for key, least in (("chunk_size", 0), ("chunk_bytes", 8)):
+        test, text = _whole(least, MAX_BYTES)
+        if not test(entry[key]):
+            raise bad(key, f"{entry[key]!r} is not {text}")
+    return entry
+
+
+def index_identity(directory: str) -> tuple[int, int]:
+    """(inode, mtime_ns) of ``directory``'s index.json: a new conversion writes a new one."""
+    st = os.stat(os.path.join(directory, "index.json"))
+    return st.st_ino, st.st_mtime_ns
+
+
+# -- feedline.json -------------------------------------------------------------------------------------------
+def _whole(least: int = 0, most: int | None = None):
+    """A field's test and its words: a whole number in range (a bool, a float or a string is not one)."""
+
+    def test(value) -> bool:
+        return type(value) is int and least <= value and (most is None or value <= most)
+
+    return test, f"a whole number >= {least}" if most is None else f"a whole number in {least}..{most}"
+
+
+def _or_null(check):
+    test, text = check
+    return (lambda value: value is None or test(value)), f"null or {text}"
+
+
+def _text(value) -> bool:
+    return isinstance(value, str)
+
+
+# What the sidecar may hold: each field's test and what it must be. Only "classes" and "samples" must be
+# there (older conversions lack some of the others); a field that is there is always checked.
+FIELDS = {
+    "classes": (
+        lambda v: isinstance(v, list) and bool(v) and all(isinstance(n, str) and n for n in v),
+        "a list of class names",
+    ),
+    "samples": _whole(),
+    "skipped": _whole(),
+    "chunks": _whole(),
+    "max_side": _whole(),
+    "quality": _whole(1, 100),
+    "shuffle": (lambda v: isinstance(v, bool), "true or false"),
+    "seed": _whole(),
+    "rows": _whole(),
+    "part": _or_null(_whole()),
+    "parts": _or_null(_whole(1)),
+    "source": (_text, "a description of the source"),
+    "source_kind": (_text, "the name of the source's records type"),
+    "mode": (lambda v: v == "encoded", '"encoded" (shards hold image files; out.mode=raw is not written)'),
+    "chunk_bytes": _whole(1),
+}
+REQUIRED = ("classes", "samples")
+HEX = re.compile(r"[0-9a-f]+")
+
+
+def file_digest(path: str, algorithm: str = DIGEST) -> str:
+    """The hex digest of the whole file ``path`` (the writer's, of each chunk it wrote)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
+
+
+def _check_digests(value, shown: str) -> None:
+    """The sidecar's ``chunk_digests``: an algorithm of ``DIGESTS`` and a digest of that length per chunk name,
+    or a ValueError naming the file and the first entry that is not (never the whole map: it has one entry
+    per chunk)."""
+
+    def bad(where: str, why: str) -> ValueError:
+        return ValueError(f"{shown}: chunk_digests{where} {why}; the sidecar was edited or damaged: {AGAIN}")
+
+    if not isinstance(value, dict) or set(value) != {"algorithm", "chunks"}:
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise bad("", f"holds {keys}, not an algorithm and its chunks' digests")
+    algorithm, chunks = value["algorithm"], value["chunks"]
+    if algorithm not in DIGESTS:
+        raise bad('["algorithm"]', f"{algorithm!r} is not one of {', '.join(DIGESTS)}")
+    if not isinstance(chunks, dict):
+        raise bad('["chunks"]', f"is {type(chunks).__name__}, not an object of chunk names and digests")
+    for name, digest in chunks.items():
+        if not CHUNK.fullmatch(name):
+            raise bad(
+                '["chunks"]', f"names {name!r}, not a chunk of the dataset's folder (chunk-<w>-<n>.bin)"
+            )
+        if not (isinstance(digest, str) and len(digest) == DIGESTS[algorithm] and HEX.fullmatch(digest)):
+            raise bad(
+                f'["chunks"][{name!r}]',
+                f"= {digest!r} is not a {algorithm} digest ({DIGESTS[algorithm]} hex digits)",
+            )
+
+
+def chunk_digests(sidecar: dict, entries: list[dict], shown: str) -> list[tuple[str, str] | None]:
+    """Per chunk of ``entries`` (index.json's, in order), the (algorithm, hex digest) the sidecar records, or
+    None for each where it records none (an earlier feedline's). A sidecar that records digests records one
+    per chunk index.json names, no other: else a ValueError naming it (``shown``) and the chunk."""
+    if "chunk_digests" not in sidecar:
+        return [None] * len(entries)
+    recorded = sidecar["chunk_digests"]
+    algorithm, digests = recorded["algorithm"], recorded["chunks"]
+    names = [entry["filename"] for entry in entries]
+    missing = [name for name in names if name not in digests]
+    extra = sorted(set(digests) - set(names))
+    if missing or extra:
+        which = f"none for {missing[0]}" if missing else f"one for {extra[0]}, which index.json does not list"
+        raise ValueError(
+            f"{shown}: records the digests of {len(digests)} chunks, index.json lists {len(names)} ({which}): its "
+            f"files are not of one conversion (copied together from two, or edited); {AGAIN}"
+        )
+    return [(algorithm, digests[name]) for name in names]
+
+
+def read_sidecar(where, rel: str = "") -> dict:
+    """``rel``'s feedline.json, every field it holds of its type and range, or a ValueError naming the file
+    and the field."""
+    store = as_store(where)
+    shown = store.where(join(rel, SIDECAR))
+    sidecar = read_json(store, join(rel, SIDECAR), ValueError)
+    if sidecar.get("format") != FORMAT:
+        raise ValueError(f"{shown}: format {sidecar.get('format')!r}, not {FORMAT!r}")
+    if any(key not in sidecar for key in REQUIRED):
+        raise ValueError(f"{shown}: no list of classes and count of samples; convert the dataset again")
+    for key, (test, text) in FIELDS.items():
+        if key in sidecar and not test(sidecar[key]):
+            raise ValueError(
+                f"{shown}: {key}={sidecar[key]!r} is not {text}; the sidecar was edited or damaged: {AGAIN}"
+            )
+    if "chunk_digests" in sidecar:
+        _check_digests(sidecar["chunk_digests"], shown)
+    part, parts = sidecar.get("part"), sidecar.get("parts")
+    if (part is None) != (parts is None) or (parts is not None and part >= parts):
+        raise ValueError(f"{shown}: part={part!r} of parts={parts!r} is no part of a conversion; {AGAIN}")
+    return sidecar
+
+
+# -- labels.npy ----------------------------------------------------------------------------------------------
+def read_labels(where, rel: str = "") -> np.ndarray:
+    """``rel``'s labels.npy, one integer per sample (a local file memory-mapped, a remote one read whole), or
+    a ValueError naming it: not an .npy array (garbage, an .npz archive, pickled objects), or not 1-D integers."""
+    store = as_store(where)
+    name = join(rel, LABELS)
+    if not store.remote and os.path.exists(store.where(name)) and not os.path.isfile(store.where(name)):
+        raise ValueError(
+            f"{store.where(name)} is not a regular file (a FIFO, a folder): convert the dataset again"
+        )
+    return load_labels(store.where(name), None if not store.remote else lambda: store.read(name))
+
+
+def load_labels(path: str, read=None) -> np.ndarray:
+    """The labels in ``path`` (mapped), or in the bytes ``read()`` returns (``path`` names them)."""
+    try:
+        labels = np.load(io.BytesIO(read()) if read else path, mmap_mode=None if read else "r")
+    except (ValueError, EOFError, OSError) as err:  # not an .npy file, pickled, empty, a folder
+        if "pickle" in str(err) or "Python objects" in str(err):  # numpy's advice (unpickle it) runs code
+            raise ValueError(
+                f"{path} holds pickled objects, not an array of labels; feedline never unpickles a dataset's "
+                f"files (that would run code the file names): convert the dataset again"
+            ) from None
+        raise ValueError(f"{path} is not readable ({err}): convert the dataset again") from None
+    if not isinstance(labels, np.ndarray):  # an .npz archive: a mapping of arrays
+        getattr(labels, "close", lambda: None)()
+        raise ValueError(
+            f"{path} is an .npz archive ({type(labels).__name__}), not one .npy array of labels: convert the "
+            f"dataset again"
+        )
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise ValueError(
+            f"{path} holds {labels.dtype} labels of shape {labels.shape}, not one integer per sample: convert the "
+            f"dataset again"
+        )
+    return labels
+
+
+def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: int) -> None:
+    """A part's three files agree on how many chunks and samples it holds, or a ValueError naming it: files of
+    two conversions in one folder, or one of them edited."""
+    said = (sidecar.get("chunks", chunks), sidecar["samples"])
+    if not samples:  # never written: a conversion that reads no input is refused, and so is an empty part
+        raise ValueError(f"{shown} holds no samples (index.json lists none): {AGAIN}")
+    if said != (chunks, samples) or labels != samples:
+        raise ValueError(
+            f"{shown}: {SIDECAR} says {said[1]} samples in {said[0]} chunks, index.json lists {samples} in {chunks}, "
+            f"{LABELS} holds {labels} labels: its files are not of one conversion (copied together from two, or "
+            f"edited); {AGAIN}"
+        )
+    digests = len(sidecar["chunk_digests"]["chunks"]) if "chunk_digests" in sidecar else chunks
+    if digests != chunks:  # which chunks they are is checked where they are used (``chunk_digests``)
+        raise ValueError(
+            f"{shown}: {SIDECAR} records the digests of {digests} chunks, index.json lists {chunks}: its files are "
+            f"not of one conversion (copied together from two, or edited); {AGAIN}"
+        )

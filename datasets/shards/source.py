@@ -1,0 +1,277 @@
+"""The ``shards`` source: a shards dataset (``datasets/shards/chunks.py``), as ``convert.py out.format=shards`` writes it.
+
+The classes and every sample's label come from feedline's sidecar (no chunk is read to split); the splits
+are separate datasets (``val_path``, ``test_path``) or a seeded, stratified share (``splits.py``); samples are
+read through ``Chunks`` (O(1), memory-mapped in the process that reads). The train order is chunk-aware
+(``datasets/shards/order.py``): ``records.epoch_order(seed, epoch)``, partitioned over ranks and resumed by the sampler
+like any other order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+
+from feedline.datasets.cache import cache_path, check_array, default_cache_dir, save_array
+from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
+from feedline.datasets.overlap.same_data import check_own
+from feedline.datasets.paths import require_dir
+from feedline.datasets.records import Records, Source, check_class_names
+from feedline.datasets.shards.cached import CachedChunks, cache_directory
+from feedline.datasets.shards.chunks import ChunkError, Chunks
+from feedline.datasets.shards.meta import LABELS, check_counts, read_labels, read_sidecar
+from feedline.datasets.shards.order import check_window, chunk_order
+from feedline.datasets.shards.parts import check_parts, dataset_parts
+from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+from feedline.storage.chunk_cache import ChunkCache
+from feedline.storage.sizes import describe, parse_bytes
+from feedline.storage.stores import LocalStore, S3Store, is_url
+
+log = logging.getLogger(__name__)
+
+
+class ShardsRecords(Records):
+    """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk)."""
+
+    def __init__(self, chunks: Chunks, window: int, subset=None, written: str = ""):
+        super().__init__(subset)
+        self.chunks, self.window = chunks, int(window)
+        self.written = written  # how the dataset's rows were drawn (its sidecars): part of the order key
+
+    @property
+    def total(self) -> int:
+        return self.chunks.total
+
+    def read(self, row: int):
+        return self.chunks.read(row)
+
+    def where(self, row: int) -> str:
+        return self.chunks.where(row)
+
+    def _bounds(self) -> np.ndarray:
+        """Chunk c holds this split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted)."""
+        rows = self.subset.array if self.subset is not None else None
+        starts = self.chunks.starts
+        return starts if rows is None else np.searchsorted(rows, starts)
+
+    def order_identity(self) -> str:
+        """What ``epoch_order`` draws from besides (seed, epoch): the window, how the split's samples lie in
+        the chunks, and how the dataset's rows were drawn (its sidecars: out.seed, out.shuffle, ...). A resume
+        checks it (``datamodules/epoch/checks.py``): another window, or the same samples converted into other chunks or
+        rows, is another order, whose rest would repeat some consumed samples and miss others."""
+        bounds = np.ascontiguousarray(self._bounds(), dtype=np.int64)
+        h = hashlib.blake2b(bounds.data, digest_size=6)
+        h.update(self.written.encode())
+        return f"window {self.window} over {len(bounds) - 1} chunks ({h.hexdigest()})"
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """This split's samples in the order epoch ``epoch`` reads them: chunks permuted, samples shuffled
+        within windows of ``window`` chunks (``datasets/shards/order.py``)."""
+        return chunk_order(self._bounds(), self.window, seed, epoch)
+
+
+class ShardsSource(Source):
+    """Samples from a shards directory; val from ``val_path`` or a seeded, stratified ``val_fraction``; test
+    likewise from ``test_path`` or ``test_fraction``."""
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = _O.val_path,
+        val_fraction: float = _O.val_fraction,
+        test_path: str | None = _O.test_path,
+        test_fraction: float = _O.test_fraction,
+        seed: int = _O.seed,
+        window: int = _O.window,
+        cache_dir: str | None = _O.cache_dir,
+        cache_limit=_O.cache_limit,
+        storage_options: dict | None = None,  # ShardsOptions: {}
+    ):
+        self.storage_options = dict(storage_options or {})
+        self.path = self._location(path, "source.path")
+        self.val_path = self._location(val_path, "source.val_path") if val_path else None
+        self.test_path = self._location(test_path, "source.test_path") if test_path else None
+        self.val_fraction, self.test_fraction = check_fractions(val_fraction, test_fraction)
+        if self.val_path:
+            self.val_fraction = 0.0
+        if self.test_path:
+            self.test_fraction = 0.0
+        self.seed = check_seed(seed)
+        self.window = check_window(window)
+        self.cache_dir = cache_dir
+        self.cache_limit = parse_bytes(cache_limit, "source.cache_limit", 1000, 2**62, "20GB")
+        self._datasets: dict[str, dict] = {}
+        self._dataset(self.path, "source.path")  # a bad path, a missing part: fails before any work starts
+        check_own(self)  # val_path, test_path: neither path (its parts, a copy, a spelling) nor each other
+
+    def _location(self, path, key: str) -> str:
+        return S3Store(path, self.storage_options, key).url if is_url(path) else require_dir(path, key)
+
+    def _store(self, path: str, key: str):
+        return S3Store(path, self.storage_options, key) if is_url(path) else LocalStore(path)
+
+    def _dataset(self, path: str, key: str) -> dict:
+        if path not in self._datasets:
+            try:
+                self._datasets[path] = self._read_dataset(path, key)
+            except (ValueError, ChunkError) as err:
+                if type(err) not in (ValueError, ChunkError) or key in str(err):
+                    raise
+                raise type(err)(f"{key} '{path}': {err}") from None  # the key that names the dataset
+        return self._datasets[path]
+
+    def _read_dataset(self, path: str, key: str) -> dict:
+        store = self._store(path, key)
+        parts = dataset_parts(store, key)
+        sidecars = [read_sidecar(store, rel) for rel in parts]
+        check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
+        classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
+        labels = [read_labels(store, rel) for rel in parts]
+        index = hashlib.blake2b(digest_size=8)
+        for rel in parts:
+            index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
+        for part in labels:  # another write order: another split
+            index.update(np.ascontiguousarray(part, dtype=np.int64).data)
+        identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
+        chunks = self._chunks(store, parts, path, key, sidecars, labels, identity)
+        for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
+            check_counts(store.where(rel), sidecar, n, samples, len(part))
+        labels = np.concatenate(labels)
+        if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+            raise ValueError(
+                f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(classes)} "
+                f"classes: convert it again"
+            )
+        # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
+        # in rows of the same count (and maybe chunks of the same sizes)
+        written = json.dumps(
+            [
+                [sc.get(k) for k in ("seed", "shuffle", "rows", "max_side", "quality", "samples")]
+                for sc in sidecars
+            ]
+        )
+        return {
+            "written": written,
+            "classes": classes,
+            "chunks": chunks,
+            "labels": labels,
+            "identity": identity,
+        }
+
+    def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict], labels, identity):
+        """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
+        hold what the order reads at once: two windows of the largest chunks. The cache is the node's one
+        directory under source.cache_dir, its limit shared by every dataset there; a chunk's name there holds
+        the URL, this conversion (its index.json files and sidecars) and the chunk's ETag: a dataset converted
+        or uploaded again never reads the chunks cached from the one before (same names, other bytes). Its
+        samples are checked against a copy of its labels.npy beside the split cache (mapped, once per node)."""
+        if not store.remote:
+            return Chunks.of([store.where(rel) for rel in parts])
+        root = self.cache_dir or default_cache_dir()
+        version = hashlib.blake2b(json.dumps(sidecars, sort_keys=True, default=str).encode(), digest_size=8)
+        for rel in parts:
+            version.update(store.read(f"{rel}/index.json" if rel else "index.json"))
+        cache = ChunkCache(cache_directory(root), self.cache_limit)
+        directory = cache_path("shards", _basename(path), [path, identity], self.cache_dir)
+        copies = [
+            (
+                local_copy(directory / f"labels-{k}.npy", part),
+                store.where(f"{rel}/{LABELS}" if rel else LABELS),
+            )
+            for k, (rel, part) in enumerate(zip(parts, labels))
+        ]
+        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies, sidecars)
+        # two windows of chunks are read at once, or every chunk of a dataset that has fewer
+        held = min(2 * self.window, len(chunks.nbytes))
+        least = held * int(chunks.nbytes.max(initial=0))
+        if self.cache_limit < least:
+            many = f"2 x source.window ({self.window})" if held == 2 * self.window else f"all {held} chunks"
+            raise ValueError(
+                f"source.cache_limit={describe(self.cache_limit)} is smaller than the chunks {key} '{path}' is "
+                f"read from at once: {many} x its largest chunk ({describe(int(chunks.nbytes.max()))}) = "
+                f"{describe(least)}; raise source.cache_limit to at least that"
+                + (", or lower source.window" if held == 2 * self.window else "")
+            )
+        return chunks
+
+    @property
+    def classes(self) -> list[str]:
+        return self._dataset(self.path, "source.path")["classes"]
+
+    def prepare(self) -> None:
+        """Check every chunk is there with its size (one stat each), and the held-out files' classes."""
+        for path, key in (
+            (self.path, "source.path"),
+            (self.val_path, "source.val_path"),
+            (self.test_path, "source.test_path"),
+        ):
+            if path:
+                dataset = self._dataset(path, key)
+                dataset["chunks"].check_files()
+                if key != "source.path":
+                    self._check_held_out(path, key)
+                if dataset["classes"] != self.classes:
+                    raise ValueError(
+                        f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
+                        f"a held-out dataset must be converted with the classes of the training one"
+                    )
+
+    def _check_held_out(self, path: str, key: str) -> None:
+        """A held-out dataset is not (a part of) the training one: it would be scored on samples trained on."""
+        train = set(self._part_places(self.path, "source.path"))
+        shared = sorted(train & set(self._part_places(path, key)))
+        if shared:
+            raise ValueError(
+                f"{key} '{path}' is the training data of source.path '{self.path}' (it holds {shared[0]}): a "
+                f"held-out split must be another dataset; convert it to its own out.path, or draw it with "
+                f"source.{'val' if key.endswith('val_path') else 'test'}_fraction"
+            )
+
+    def _part_places(self, path: str, key: str) -> list[str]:
+        """Where each part of the dataset at ``path`` is: real local paths, or URLs."""
+        store = self._store(path, key)
+        places = [store.where(rel) for rel in dataset_parts(store, key)]
+        return places if store.remote else [os.path.realpath(p) for p in places]
+
+    def split(self, name: str) -> ShardsRecords:
+        own = {"val": self.val_path, "test": self.test_path}.get(check_split(name))
+        if name == "test" and not own and not self.test_fraction:
+            raise no_test_split(
+                repr(self), "source.test_path=<a shards directory> or source.test_fraction=0.1"
+            )
+        path = own or self.path
+        dataset = self._dataset(
+            path,
+            "source.test_path" if name == "test" and own else "source.val_path" if own else "source.path",
+        )
+        subset = None
+        if not own:
+            labels = dataset["labels"]
+            counts = np.bincount(labels, minlength=len(self.classes))
+            order = np.argsort(labels, kind="stable")
+            cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
+            subset = subset_for(
+                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
+            )
+        return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"])
+
+    def __repr__(self) -> str:
+        return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+def _basename(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) or "shards"
+
+
+def local_copy(path, labels: np.ndarray) -> str:
+    """``labels`` in the file ``path`` (written atomically, once: a copy found intact and equal is kept)."""
+    try:
+        if check_array(path) is None and np.array_equal(np.load(path, mmap_mode="r"), labels):
+            return str(path)
+    except (OSError, ValueError, EOFError):
+        pass  # damaged: written again
+    return str(save_array(path, labels))

@@ -1,0 +1,5 @@
+"""The wds family: WebDataset tars as they are published, indexed once and read by offset."""
+
+from feedline.public import exports
+
+__getattr__, __dir__ = exports(__name__)
