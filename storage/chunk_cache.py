@@ -36,17 +36,16 @@ import collections
 import contextlib
 import errno
 import fcntl
-import hashlib
-import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import BinaryIO
 
 from feedline.storage import cache_trust
 from feedline.storage.cache_room import evict, foreign, held, is_chunk, make_room, remove, remove_own, usage
+from feedline.storage.cache_stats import fetched, record_fetch
 from feedline.storage.cache_trust import open_own, private_dirs
+from feedline.storage.chunk_write import BoundedWriter, CacheFullError, DigestError, sync
 
 OPEN_FILES = 64  # chunk descriptors kept open per process (no lock is held between reads)
 WAIT = 0.02  # seconds between looks while another process downloads a chunk or holds the room
@@ -55,19 +54,6 @@ TOUCH_EVERY = 1.0  # seconds: a chunk's use time (its mtime, the eviction order)
 
 Fetch = Callable[[BinaryIO], None]  # writes the chunk's bytes to the file object given
 Digest = tuple[str, str] | None  # (algorithm, hex digest) a chunk's dataset records for it, if any
-
-
-class CacheFullError(RuntimeError):
-    """No room can be made: every chunk in the cache is being read or downloaded."""
-
-
-class DigestError(RuntimeError):
-    """A chunk's fetched bytes are not those its dataset records (their digest differs): nothing was published.
-    ``expected``, ``got``: the hex digests; the caller names the chunk by its URL."""
-
-    def __init__(self, name: str, algorithm: str, expected: str, got: str):
-        super().__init__(f"chunk {name}: its {algorithm} is {got}, its dataset records {expected}")
-        self.algorithm, self.expected, self.got = algorithm, expected, got
 
 
 class ChunkCache:
@@ -212,7 +198,7 @@ class ChunkCache:
             time.sleep(WAIT)  # another process downloads it, or holds the room
         try:
             with os.fdopen(os.dup(fd), "r+b") as f:
-                out = _Bounded(f, size, name, digest[0] if digest else None)
+                out = BoundedWriter(f, size, name, digest[0] if digest else None)
                 fetch(out)
                 if out.written != size:
                     raise OSError(f"chunk {name}: fetched {out.written} bytes, index.json says {size}")
@@ -220,7 +206,7 @@ class ChunkCache:
                     raise DigestError(name, digest[0], digest[1], out.hash.hexdigest())
             # on the disk before it has its name: after a power loss the name holds these bytes, never a
             # chunk-sized run of zeros that the rename outlived (a digest is checked only as a chunk arrives)
-            _sync(fd)
+            sync(fd)
             with self._locked():
                 os.rename(part, path)
                 self._count(size)
@@ -254,36 +240,11 @@ class ChunkCache:
         return usage(self.directory)
 
     def _count(self, size: int) -> None:
-        stats = self.fetched()
-        stats["chunks"] += 1
-        stats["bytes"] += int(size)
-        path = self._stats_path()
-        # a new file of its own (mode 0o600, a name no one else can take first), then renamed over the last
-        fd, new = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(stats, f)
-            os.replace(new, path)
-        except BaseException:
-            remove(new)
-            raise
+        record_fetch(self.directory, size, self.setting)
 
     def fetched(self) -> dict:
         """Chunks and bytes fetched into this cache since it was made."""
-        try:
-            fd, _ = open_own(self._stats_path(), os.O_RDONLY, self.setting)
-        except FileNotFoundError:
-            return {"chunks": 0, "bytes": 0}
-        with os.fdopen(fd) as f:
-            try:
-                stats = json.load(f)
-            except ValueError:
-                stats = None
-        valid = isinstance(stats, dict) and all(isinstance(stats.get(k), int) for k in ("chunks", "bytes"))
-        return stats if valid else {"chunks": 0, "bytes": 0}
-
-    def _stats_path(self) -> str:
-        return os.path.normpath(self.directory) + ".stats"
+        return fetched(self.directory, self.setting)
 
     def _remove_dead(self, part: str) -> None:
         """A dead writer's download, removed; one the cache did not write is named, never removed."""
@@ -303,31 +264,3 @@ class ChunkCache:
             yield
         finally:
             os.close(fd)
-
-
-class _Bounded:
-    """A file object that refuses to grow past the chunk's size (a server that sends more breaks no bound),
-    and hashes what is written through it with ``algorithm`` (none: no hash), in the same pass."""
-
-    def __init__(self, f, size: int, name: str, algorithm: str | None = None):
-        self.f, self.size, self.name, self.written = f, size, name, 0
-        self.hash = hashlib.new(algorithm) if algorithm else None
-
-    def write(self, data) -> int:
-        n = len(data)
-        if self.written + n > self.size:
-            raise OSError(f"chunk {self.name}: more bytes than index.json's {self.size}")
-        self.f.write(data)
-        if self.hash is not None:
-            self.hash.update(data)
-        self.written += n
-        return n
-
-
-def _sync(fd: int) -> None:
-    """The file's bytes on the disk; a file system that keeps nothing to sync (it refuses the call) is let be."""
-    try:
-        getattr(os, "fdatasync", os.fsync)(fd)  # fdatasync: Linux; fsync elsewhere
-    except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
