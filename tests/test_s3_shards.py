@@ -630,8 +630,8 @@ def test_a_conversion_to_a_url_killed_mid_upload_leaves_no_scratch_copy_behind(
     import tempfile
 
     from feedline.datasets.folder.source import FolderSource
-    from feedline.writers.shards import write as writer
     from feedline.writers.options import WriteOptions
+    from feedline.writers.shards import write as writer
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()

@@ -11,8 +11,8 @@ import stat
 import tempfile
 
 from feedline.datasets.folder.source import FolderSource
-from feedline.writers.shards import write as writer
 from feedline.writers.options import WriteOptions
+from feedline.writers.shards import write as writer
 from feedline.writers.shards.scratch import lock_path
 from tests.helpers import simple_tree
 from tests.test_cache_trust import owned_by_another

@@ -11,8 +11,8 @@ import pytest
 from feedline.datasets.folder.source import FolderSource
 from feedline.datasets.shards.source import ShardsSource
 from feedline.storage.stores import S3Store
-from feedline.writers.shards import write as writer
 from feedline.writers.options import WriteOptions
+from feedline.writers.shards import write as writer
 from feedline.writers.shards.output import check_target
 from tests.helpers import simple_tree
 from tests.s3_server import upload_dir
