@@ -179,10 +179,10 @@ def test_the_same_source_config_with_a_stack_of_its_own_is_the_one_sharing_allow
 
 
 def test_a_tree_and_its_lazy_layout_are_one_dataset(data, tmp_path):
-    from feedline.datasets.overlap import same_data
+    from feedline.datasets.overlap import places
     from feedline.writers.lazy_layout import MARKER, layout
 
-    assert same_data.LAYOUT_MARKER == MARKER
+    assert places.LAYOUT_MARKER == MARKER
     layout(str(data / "tree"), str(tmp_path / "lazy"), cache_dir=str(data / "c"))
     lazy = LazyFolderSource(tmp_path / "lazy", cache_dir=data / "c")
     with pytest.raises(ValueError, match=rf"{tmp_path / 'lazy'} was made from {data / 'tree'}"):

@@ -25,10 +25,11 @@ import numpy as np
 
 from feedline.datasets.folder.lazy import LazyFolderRecords
 from feedline.datasets.folder.source import FolderRecords
-from feedline.datasets.hdf5.source import HDF5Records
+from feedline.datasets.hdf5.records import HDF5Records
 from feedline.datasets.mix.records import MixRecords
-from feedline.datasets.overlap.same_data import data_of, described, local_place, meet, records_of, url_place
-from feedline.datasets.shards.meta import load_labels
+from feedline.datasets.overlap.places import described, local_place, records_of, url_place
+from feedline.datasets.overlap.same_data import data_of, meet
+from feedline.datasets.shards.labels import load_labels
 from feedline.datasets.shards.source import ShardsRecords
 from feedline.datasets.wds.source import WdsRecords
 from feedline.storage.stores import is_url

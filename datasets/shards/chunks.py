@@ -29,6 +29,7 @@ import struct
 
 import numpy as np
 
+from feedline.datasets.shards.labels import load_labels
 from feedline.datasets.shards.meta import (
     AGAIN,
     FORMAT,
@@ -38,7 +39,6 @@ from feedline.datasets.shards.meta import (
     as_store,
     index_identity,
     load_index,
-    load_labels,
     read_sidecar,
 )
 from feedline.datasets.shards.parts import PART, dataset_dirs, dataset_parts, is_complete, part_name

@@ -23,7 +23,8 @@ from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Records, Source, check_class_names
 from feedline.datasets.shards.cached import CachedChunks, cache_directory
 from feedline.datasets.shards.chunks import ChunkError, Chunks
-from feedline.datasets.shards.meta import LABELS, check_counts, read_labels, read_sidecar
+from feedline.datasets.shards.labels import check_counts, read_labels
+from feedline.datasets.shards.meta import LABELS, read_sidecar
 from feedline.datasets.shards.order import check_window, chunk_order
 from feedline.datasets.shards.parts import check_parts, dataset_parts
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
