@@ -100,6 +100,8 @@ MOVED = {
     "feedline.datamodules.resume": "feedline.datamodules.epoch.resume",
     "feedline.datamodules.resume_checks": "feedline.datamodules.epoch.checks",
     "feedline.datamodules.train_loader": "feedline.datamodules.epoch.train_loader",
+    "feedline.datamodules.parts": "feedline.datamodules.checkpoint.parts",
+    "feedline.datamodules.trusted_config": "feedline.datamodules.checkpoint.trusted",
 }
 # Modules that became a package of the same name: the old module's names are now defined here.
 REPLACED = {

@@ -170,7 +170,7 @@ def measure(dataset, collate, workers: int, batch_size: int, epochs: int = 1, wa
     """Images/s over ``epochs`` shuffled epochs, after ``warmup`` batches (worker start-up excluded). feedline
     rows shuffle as its train loader does (``EpochSampler``: the resumable order, a seed per sample); the
     others through torch's RandomSampler."""
-    from feedline.datamodules.epoch.resume import EpochSampler
+    from feedline.datamodules.epoch.sampler import EpochSampler
     from feedline.datamodules.samples import SampleDataset
 
     ours = isinstance(dataset, SampleDataset)

@@ -2,7 +2,7 @@
 whoever wrote it), and what a checkpoint may hold when it is loaded.
 
 A checkpoint is loaded with ``torch.load(weights_only=True)``: tensors and plain containers only, which is all
-feedline's checkpoints hold (the data config is saved as plain containers, ``datamodules/parts.py``). Any other
+feedline's checkpoints hold (the data config is saved as plain containers, ``datamodules/checkpoint/parts.py``). Any other
 type in a pickle names code to run on load, so a checkpoint from elsewhere could run anything; such a type is
 refused by name unless the run allows it, ``ckpt_safe_types=[module.Type]`` (a file you trust).
 """

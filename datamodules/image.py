@@ -10,7 +10,7 @@ on_after_batch_transfer()  device_batch: the batch stack on the device (uint8 ->
 state_dict()               a copy of the train loader's state, which Lightning hands back on every resume
                            (it hands the loader its own only inside an epoch): the first train loader of a
                            resumed fit checks it, or says what is missing (``resume.py``)
-load_from_checkpoint()     Lightning's, building only what a checkpoint may name (``trusted_config.py``)
+load_from_checkpoint()     Lightning's, building only what a checkpoint may name (``datamodules/checkpoint/trusted.py``)
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
-from feedline.datamodules.epoch.resume import Resuming, batch_seed
+from feedline.datamodules.checkpoint.trusted import PARTS, rebuilding
+from feedline.datamodules.epoch.resume import Resuming
+from feedline.datamodules.epoch.sampler import batch_seed
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.notices import quiet_lightning
-from feedline.datamodules.trusted_config import PARTS, rebuilding
 from feedline.transforms.collate import Batch
 
 quiet_lightning()
@@ -48,7 +49,7 @@ class ImageDataModule(ImageLoaders, L.LightningDataModule):
         datamodule built again from the checkpoint's recorded config, with ``kwargs`` in place of what they
         name. A recorded part may name only feedline's data layer and torchvision's transforms, plus
         ``trusted_targets`` (``["mypkg.MyTransform"]``, or ``["mypkg."]`` for all of a package): anything else
-        is refused before anything is built (``trusted_config.py``); a part passed again is not checked."""
+        is refused before anything is built (``datamodules/checkpoint/trusted.py``); a part passed again is not checked."""
         name = checkpoint_path if isinstance(checkpoint_path, (str, os.PathLike)) else None
         where = str(name or getattr(checkpoint_path, "name", "(a file object)"))
         if hparams_file is not None:

@@ -25,11 +25,13 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from feedline.datamodules.bad_samples import check_max_bad_fraction
+from feedline.datamodules.checkpoint.parts import build, unrebuildable
+from feedline.datamodules.checkpoint.trusted import check_rebuilt
 from feedline.datamodules.device_batch import DeviceBatch
 from feedline.datamodules.epoch.checks import (
     check_resume_mode,
 )
-from feedline.datamodules.epoch.resume import Position
+from feedline.datamodules.epoch.sampler import Position
 from feedline.datamodules.epoch.train_loader import TrainLoader
 from feedline.datamodules.knobs import (
     check_batch_size,
@@ -43,17 +45,14 @@ from feedline.datamodules.knobs import (
     resolve_pin_memory,
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
-from feedline.datamodules.parts import build, unrebuildable
 from feedline.datamodules.predict import PredictLoader
 from feedline.datamodules.samples import SampleDataset
-from feedline.datamodules.trusted_config import check_rebuilt
+from feedline.datamodules.split_dataset import split_dataset
 from feedline.datamodules.workers import WorkerInit
-from feedline.datasets.folder.unlabeled import unlabeled_folder
 from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Source
-from feedline.transforms.collate import Collate, DefaultCollate, PadCollate, WithParts, WithPaths
-from feedline.transforms.deferred import defer_crop
-from feedline.transforms.stacks import TransformStacks, compose
+from feedline.transforms.collate import Collate, DefaultCollate, WithParts, WithPaths
+from feedline.transforms.stacks import TransformStacks
 
 log = logging.getLogger(__name__)
 
@@ -68,28 +67,6 @@ def check_stage_names(stages, key: str) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"{key}: unknown stage {unknown[0]!r}; the stages are {', '.join(_STAGES)}")
     return tuple(stages)
-
-
-def check_part_sizes(dataset: SampleDataset, own: dict) -> None:
-    """A mix whose parts have their own train stacks: one sample of each part through its stack, before
-    training, so that a stack ending at another size is named by its key (the batch would fail at its first
-    collate, naming no part). Parts with an empty train split are left out."""
-    records = dataset.records
-    shapes = {}
-    for k, name in enumerate(records.names):
-        first = int(records.offsets[k])
-        if first < int(records.offsets[k + 1]):
-            image = dataset[(first, 0)][0]
-            shapes[name] = (tuple(image.shape), k in own)
-    if len({shape for shape, _ in shapes.values()}) > 1:
-        said = ", ".join(
-            f"source.parts.{name}{'.transforms' if own_stack else ' (transforms.train)'} at {shape}"
-            for name, (shape, own_stack) in shapes.items()
-        )
-        raise ValueError(
-            f"the parts' train stacks end at different sizes: {said}; images of one batch must share one: end "
-            f"each part's stack with the same crop or resize (or use collate=pad)"
-        )
 
 
 class ImageLoaders(TrainLoader, DeviceBatch):
@@ -126,7 +103,9 @@ class ImageLoaders(TrainLoader, DeviceBatch):
     ):
         super().__init__()
         parts = {"source": source, "transforms": transforms, "collate": collate}
-        check_rebuilt(parts)  # a checkpoint's recorded parts name only code that may run (trusted_config.py)
+        check_rebuilt(
+            parts
+        )  # a checkpoint's recorded parts name only code that may run (datamodules/checkpoint/trusted.py)
         missing = unrebuildable(parts)
         if missing:
             raise ValueError(
@@ -249,50 +228,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
                     log.info("%s split: %d samples", split, len(dataset))
 
     def _dataset(self, split: str) -> SampleDataset:
-        if split == "predict":
-            if self.predict_root is None:
-                raise ValueError("trainer.predict needs images: set data.predict_root=/path/to/images")
-            records = unlabeled_folder(self.predict_root)
-        else:
-            records = self.source.split(split)
-        if split == "train" and not len(records):
-            raise ValueError(
-                f"the train split of {self.source!r} is empty: lower source.val_fraction, or check the data"
-            )
-        share = getattr(self.source, f"{split}_fraction", 0) if split in ("val", "test") else 0
-        if share and not len(records):  # each class's share rounds to 0, or would leave it no training sample
-            message = (
-                f"source.{split}_fraction={share} holds out no sample: each class's share rounds to 0, or would "
-                f"take its last training sample; raise source.{split}_fraction, or add samples"
-            )
-            if split == "test":
-                raise ValueError(f"the test split is empty: {message}")
-            log.warning("the val split is empty: %s", message)
-        transform = self.transforms.train if split == "train" else self.transforms.eval
-        # a mix's parts with a train stack of their own (source.parts.<name>.transforms)
-        own = (
-            self.source.part_transforms()
-            if split == "train" and hasattr(self.source, "part_transforms")
-            else {}
-        )
-        parts = {k: compose(stack) for k, stack in own.items()}
-        if getattr(self.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
-            transform = defer_crop(transform)
-            parts = {k: defer_crop(t) for k, t in parts.items()}
-        dataset = SampleDataset(
-            records,
-            transform,
-            self.on_bad_sample,
-            self.reduced_decode,
-            self.max_pixels,
-            self.max_bad_fraction,
-            with_paths=split == "predict",
-            part_transforms=parts,
-            with_parts=split in ("val", "test") and hasattr(records, "part_of"),
-        )
-        if parts and not isinstance(self.collate, PadCollate):
-            check_part_sizes(dataset, own)
-        return dataset
+        return split_dataset(self, split)
 
     def part_names(self, split: str = "val") -> list[str] | None:
         """The parts of a mix (``source=mix``) that ``split`` holds, as ``batch.part`` numbers them; None for

@@ -14,8 +14,8 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from feedline.datamodules.checkpoint.trusted import UntrustedCheckpointError, check
 from feedline.datamodules.image import ImageDataModule
-from feedline.datamodules.trusted_config import UntrustedCheckpointError, check
 from feedline.datasets.folder.source import FolderSource
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")

@@ -86,7 +86,7 @@ def test_a_segment_counts_its_own_batches_from_its_base():
 
 
 def test_a_source_brings_its_own_order_and_keeps_every_guarantee():
-    from feedline.datamodules.epoch.resume import EpochSampler
+    from feedline.datamodules.epoch.sampler import EpochSampler
 
     def reversed_order(seed, epoch):  # any permutation that is a pure function of (seed, epoch)
         return np.arange(20)[::-1] if epoch % 2 else np.arange(20)

@@ -20,7 +20,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from feedline.datamodules.epoch.resume import EpochSampler, ResumeError
+from feedline.datamodules.epoch.resume import ResumeError
+from feedline.datamodules.epoch.sampler import EpochSampler
 from feedline.datamodules.image import ImageDataModule
 from feedline.datasets.folder.source import FolderSource
 from feedline.datasets.shards.chunks import Chunks, dataset_dirs

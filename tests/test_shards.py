@@ -294,7 +294,7 @@ def _records(sizes, window, subset=None):
 
 @pytest.mark.parametrize("world, batch", [(1, 6), (2, 3), (3, 2)])
 def test_the_chunk_order_reads_each_sample_once_and_a_batch_touches_a_bounded_number_of_chunks(world, batch):
-    from feedline.datamodules.epoch.resume import EpochSampler
+    from feedline.datamodules.epoch.sampler import EpochSampler
 
     sizes, window = (
         [7, 9, 8, 7, 10, 7, 8, 9, 7, 8],

@@ -14,7 +14,8 @@ from feedline.datamodules.epoch.checks import (
     lightning_position,
     shift_batches,
 )
-from feedline.datamodules.epoch.resume import EpochSampler, ResumableLoader, Resuming
+from feedline.datamodules.epoch.resume import ResumableLoader, Resuming
+from feedline.datamodules.epoch.sampler import EpochSampler
 from feedline.datamodules.knobs import check_steps
 from feedline.datamodules.samples import SampleDataset
 

@@ -4,7 +4,7 @@
 config node, builds it here, and saves the resolved config as a hyper-parameter: a checkpoint holds the
 whole data config (``datamodule_hyper_parameters``) in plain containers that ``torch.load(weights_only=True)``
 reads, and ``ImageDataModule.load_from_checkpoint(path)`` builds the same datamodule again, once the recorded
-parts are found to name only code that may run (``trusted_config.py``: a config is code). A part given
+parts are found to name only code that may run (``datamodules/checkpoint/trusted.py``: a config is code). A part given
 as an object (Python, LightningCLI) is kept as it is and recorded by its description only. A secret storage
 option is recorded by the environment variable that holds it, never by its value (``stores.without_secrets``).
 """
