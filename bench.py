@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from feedline.cli.help import register as register_help
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.cli.secrets import from_command_line
 from feedline.datamodules.train_loader import epoch_samples
@@ -258,6 +259,9 @@ def _model_step(cfg: DictConfig, datamodule, samples_per_s: float, batch_size: i
         "covered": min(1.0, step / loader_batch),
         "idle_share": max(0.0, 1 - step / loader_batch),
     }
+
+
+register_help()  # --help lists the config groups a user picks from, each with its line
 
 
 @from_command_line  # a secret given by value moves into the environment before Hydra reads it

@@ -13,6 +13,7 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from feedline.cli.help import register as register_help
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.cli.secrets import from_command_line
 
@@ -43,6 +44,9 @@ def run_convert(cfg: DictConfig) -> dict:
         f"; skipped inputs: {summary['report']}" if summary["report"] else "",
     )
     return summary
+
+
+register_help()  # --help lists the config groups a user picks from, each with its line
 
 
 @from_command_line  # a secret given by value moves into the environment before Hydra reads it

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from feedline.callbacks.throughput import ThroughputMonitor
 from feedline.cli.checkpoints import loading_safely, resolve_ckpt_path, resuming_into_own_dir
+from feedline.cli.help import register as register_help
 from feedline.cli.instantiate import instantiate, instantiate_all, require, short_errors
 from feedline.cli.run_dir import own_run_dir
 from feedline.cli.secrets import from_command_line, hidden_overrides
@@ -143,6 +144,9 @@ def console_for_this_rank() -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             handler.setLevel(max(handler.level, logging.WARNING))
+
+
+register_help()  # --help lists the config groups a user picks from, each with its line
 
 
 @from_command_line  # a secret given by value moves into the environment before Hydra reads it
