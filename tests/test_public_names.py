@@ -1,0 +1,141 @@
+"""Public names that do not move: each public class has one import path (``feedline.datasets.FolderSource``),
+every ``_target_`` feedline's configs write is that path, and the module paths that moved still import for one
+release, with a ``MovedWarning`` that names the new path."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+import warnings
+from dataclasses import fields, is_dataclass
+
+import pytest
+from hydra._internal.utils import _locate
+
+from feedline.public import MOVED, PUBLIC, REPLACED, MovedWarning, public_path
+from tests.conftest import CONF, ROOT_DIR
+
+TARGET = re.compile(r"_target_:\s*['\"]?([\w.]+)")
+SCHEMAS = ("datasets.options", "datamodules.options", "writers.options", "diagnostics.options")
+PUBLIC_NAMES = [(package, name) for package, names in PUBLIC.items() for name in names]
+
+
+def conf_targets() -> list[tuple[str, str]]:
+    """(where, target) of every feedline ``_target_`` in conf/ and in the typed option schemas."""
+    found = [
+        (str(path.relative_to(ROOT_DIR)), target)
+        for path in sorted(CONF.rglob("*.yaml"))
+        for target in TARGET.findall(path.read_text(encoding="utf-8"))
+    ]
+    for name in SCHEMAS:
+        module = importlib.import_module(f"feedline.{name}")
+        for _, schema in inspect.getmembers(module, is_dataclass):
+            for f in fields(schema):
+                if f.name == "_target_":
+                    found.append((f"{name}.{schema.__name__}", f.default))
+    return [(where, target) for where, target in found if target.startswith("feedline.")]
+
+
+def test_the_configs_name_feedline_classes():
+    assert len(conf_targets()) >= 20  # the walk finds the sources, stacks, collates, models, callbacks
+
+
+@pytest.mark.parametrize(("where", "target"), conf_targets(), ids=lambda v: v)
+def test_every_target_in_conf_is_a_public_path_that_imports_without_a_warning(where, target):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MovedWarning)
+        found = _locate(target)
+    assert callable(found), f"{where}: {target}"
+    if inspect.isclass(found):
+        assert public_path(found) == target, (
+            f"{where} names {target}; its public path is {public_path(found)}"
+        )
+
+
+@pytest.mark.parametrize(("package", "name"), PUBLIC_NAMES, ids=[f"{p}.{n}" for p, n in PUBLIC_NAMES])
+def test_every_public_name_imports_from_its_package_as_the_class_its_module_defines(package, name):
+    cls = getattr(importlib.import_module(package), name)
+    assert cls.__module__ == PUBLIC[package][name] and cls.__name__ == name
+    assert public_path(cls) == f"{package}.{name}"
+    assert name in dir(importlib.import_module(package))
+
+
+def test_an_unknown_name_is_an_attribute_error_naming_the_package():
+    import feedline.datasets
+
+    with pytest.raises(AttributeError, match="'feedline.datasets' has no attribute 'FoldrSource'"):
+        feedline.datasets.FoldrSource  # noqa: B018
+
+
+OLD_PATHS = """
+import importlib, json, sys, warnings
+from hydra._internal.utils import _locate
+from feedline.public import MOVED, REPLACED, PUBLIC
+out = {"modules": {}, "names": {}}
+for old, new in MOVED.items():
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    out["modules"][old] = [module.__name__, [str(w.message) for w in said if w.category.__name__ == "MovedWarning"]]
+for old, new in REPLACED.items():
+    for name, where in PUBLIC["feedline.datasets"].items():
+        if where == new:
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                found = _locate(f"{old}.{name}")
+            out["names"][f"{old}.{name}"] = [
+                f"{found.__module__}.{found.__name__}", [str(w.message) for w in said if w.category.__name__ == "MovedWarning"]
+            ]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_every_old_path_still_imports_the_new_module_with_a_warning_naming_it():
+    """In a fresh interpreter, so that no module is imported yet under either name."""
+    run = subprocess.run([sys.executable, "-c", OLD_PATHS], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    assert set(out["modules"]) == set(MOVED)
+    for old, (name, said) in out["modules"].items():
+        assert name == MOVED[old], old
+        assert len(said) == 1 and old in said[0] and MOVED[old] in said[0], (old, said)
+    assert len(out["names"]) == len(REPLACED)  # each family's source class, by its old module path
+    for old, (found, said) in out["names"].items():
+        name = old.rpartition(".")[2]
+        assert found == f"{PUBLIC['feedline.datasets'][name]}.{name}", old
+        assert len(said) == 1 and f"import feedline.datasets.{name}" in said[0], (old, said)
+
+
+def test_a_submodule_of_a_family_is_never_mistaken_for_a_name_of_its_old_module():
+    """``from feedline.datasets.folder import scan`` is the folder family's scan module, even where the old
+    module (now ``folder/source.py``) had a name ``scan`` of its own."""
+    from feedline.datasets.folder import index, scan
+
+    assert (
+        scan.__name__ == "feedline.datasets.folder.scan"
+        and index.__name__ == "feedline.datasets.folder.index"
+    )
+
+
+def test_a_checkpoint_config_written_with_an_old_path_still_builds(make_cfg, tree):
+    """A config recorded before the move (a checkpoint's, a user's YAML) names the old module path."""
+    from feedline.cli.instantiate import instantiate
+
+    cfg = make_cfg("source=folder", f"source.root={tree}")
+    cfg.data.source._target_ = "feedline.datasets.folder.FolderSource"
+    with pytest.warns(MovedWarning, match=r"import feedline\.datasets\.FolderSource"):
+        datamodule = instantiate(cfg.data, "data")
+    assert type(datamodule.source).__name__ == "FolderSource" and datamodule.classes == ["cat", "dog", "eel"]
+
+
+def test_a_rebuilt_config_names_the_public_path(tree):
+    from feedline.datasets import FolderSource
+    from feedline.transforms import Uint8Collate
+
+    assert FolderSource(tree).rebuild_config()["_target_"] == "feedline.datasets.FolderSource"
+    assert Uint8Collate().rebuild_config()["_target_"] == "feedline.transforms.Uint8Collate"
