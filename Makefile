@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedline-installed
 
-.PHONY: install train test lint bench peers clean
+.PHONY: install train test docs lint bench peers clean
 
 install: $(STAMP)
 
@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml constraints.txt
 train: install
 	$(PY) train.py $(ARGS)
 
+# The manual first: a broken link, a missing page or an undocumented option fails before the tests run.
 test: install
-	$(PY) -m pytest $(ARGS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site && $(PY) -m pytest $(ARGS)
+
+# The manual (docs/, mkdocs.yml) into build/site: open build/site/index.html.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --site-dir build/site
 
 bench: install
 	$(PY) bench.py $(ARGS)

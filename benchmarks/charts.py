@@ -1,6 +1,6 @@
-"""The README's charts, drawn from the benchmarks' JSON (never by hand): the peer comparison and worker scaling.
+"""The manual's charts, drawn from the benchmarks' JSON (never by hand): the peer comparison and worker scaling.
 
-python benchmarks/charts.py                      # benchmarks/results/{peers,scaling}.json -> .png beside them
+python benchmarks/charts.py                      # benchmarks/results/{peers,scaling}.json -> docs/images/*.png
 python benchmarks/charts.py --results DIR --out DIR
 
 peers.png: CPU-ms per image for every loader (median, with the min-max range), grouped by format class, feedline's
@@ -17,6 +17,7 @@ import os
 from matplotlib.figure import Figure
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+IMAGES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")
 FEEDLINE = "#1f6feb"
 PEER = "#8b949e"
 FEEDLINE_FORMATS = [FEEDLINE, "#2da44e", "#bf3989", "#d29922"]  # feedline's loaders, one colour each
@@ -87,7 +88,11 @@ CHARTS = {"peers": peers_chart, "scaling": scaling_chart}
 def main(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=RESULTS, help="folder with peers.json and scaling.json")
-    parser.add_argument("--out", default=None, help="folder for the PNGs (default: --results)")
+    parser.add_argument(
+        "--out",
+        default=IMAGES,
+        help="folder for the PNGs (default: docs/images, where the manual shows them)",
+    )
     args = parser.parse_args(argv)
     written = []
     for name, chart in CHARTS.items():
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             print(f"{source}: not found, {name}.png not drawn (run benchmarks/{name}.py --json {source})")
             continue
         with open(source) as f:
-            written.append(chart(json.load(f), os.path.join(args.out or args.results, f"{name}.png")))
+            written.append(chart(json.load(f), os.path.join(args.out, f"{name}.png")))
         print(f"drawn {written[-1]} from {source}")
     return written
 

@@ -1,6 +1,6 @@
-"""The README's "Use feedline in your own project", run as written: its files, verbatim, make a project of
-their own outside the checkout, with feedline installed from a wheel, which trains, tests, predicts to a CSV
-and runs the plain PyTorch loop, once with collate=uint8 and once with collate=default."""
+"""The manual's "Use feedline in your own project" (docs/own-project.md), run as written: its files, verbatim,
+make a project of their own outside the checkout, with feedline installed from a wheel, which trains, tests,
+predicts to a CSV and runs the plain PyTorch loop, once with collate=uint8 and once with collate=default."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from tests.test_quiet import assert_quiet
 
 SNIPPET = re.compile(r"<!-- project file: (\S+) -->\n```\w+\n(.*?)\n```", re.S)
 FILES = {"conf/config.yaml", "model.py", "train.py", "predict.py", "loop.py"}
+PAGE = ROOT_DIR / "docs" / "own-project.md"
 
 
 def readme_project(directory: Path) -> Path:
-    files = dict(SNIPPET.findall((ROOT_DIR / "README.md").read_text(encoding="utf-8")))
-    assert set(files) == FILES, f"README project files: {sorted(files)}"
+    files = dict(SNIPPET.findall(PAGE.read_text(encoding="utf-8")))
+    assert set(files) == FILES, f"{PAGE.relative_to(ROOT_DIR)} project files: {sorted(files)}"
     for rel, text in files.items():
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
         (directory / rel).write_text(text + "\n", encoding="utf-8")
