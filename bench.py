@@ -23,8 +23,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from feedline.cli.help import register as register_help
 from feedline.cli.instantiate import instantiate, require, short_errors
 from feedline.cli.secrets import from_command_line
-from feedline.datamodules.train_loader import epoch_samples
-from feedline.datasets.scan import available_cpus
+from feedline.datamodules.epoch.train_loader import epoch_samples
+from feedline.datasets.folder.scan import available_cpus
 from feedline.diagnostics.anchor import anchor_root, imagefolder_loader, measure_anchor
 from feedline.diagnostics.drawing import draw_bench
 from feedline.diagnostics.in_force import in_force
