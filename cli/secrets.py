@@ -36,35 +36,34 @@ Checkpoints and the logger's ``hparams.yaml`` record the datamodule's config wit
 a variable that holds it, else as ``HIDDEN`` (``storage/stores.py``, ``without_secrets``). The command line
 itself is visible to the machine's users (``ps``) while the process runs; ``${oc.env:NAME}``,
 ``profile_name`` and the ``AWS_*`` variables never put a secret there.
+
+The secrets in an override or a config are found and rewritten by ``cli/secret_overrides.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType, Quote, QuotedString
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from feedline.cli.instantiate import short_errors
-from feedline.storage.secrets import (
-    ENV_PREFIX,
-    ENV_REFERENCE,
-    HIDDEN,
-    SECRET_OPTIONS,
-    is_endpoint,
-    is_secret,
-    userinfo_refusal,
+from feedline.cli.secret_overrides import (
+    SecretError,
+    leaves,
+    literal_secrets,
+    map_items,
+    rewrite_override,
+    secret_leaves,
+    secrets_to_environment,
+    userinfo_at,
 )
+from feedline.storage.secrets import ENV_REFERENCE, HIDDEN
 
-# a whole ${resolver:...} with no interpolation inside: a reference that holds no value of its own
-_RESOLVER = re.compile(r"\$\{\s*([\w.]+)\s*:[^${}]*\}")
 # set by from_command_line: this program moves a secret given by value on its command line into the environment
 MOVES_SECRETS = "FEEDLINE_MOVES_COMMAND_LINE_SECRETS"
 REFERENCE_HELP = (
@@ -89,26 +88,6 @@ def _help(key: str, given: str | None = None) -> str:
     return text + (MOVED_HELP if os.environ.get(MOVES_SECRETS) else WRAP_HELP)
 
 
-class SecretError(ValueError):
-    """A secret given where it would be written to disk: the message names the key, never the value."""
-
-
-def env_name(key: str) -> str:
-    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
-
-
-def is_reference(value) -> bool:
-    """``${oc.env:NAME}`` (or with a null default) or a resolver of the user's own (a secret store's): no
-    value of its own. ``${some.key}``, ``oc.select`` or an ``oc.env`` default point at a value in the config."""
-    text = str(value).strip()
-    found = _RESOLVER.fullmatch(text)
-    return bool(ENV_REFERENCE.fullmatch(text) or found and not found.group(1).startswith("oc."))
-
-
-def _may_hold_a_secret(arg: str) -> bool:
-    return any(name in arg.lower() for name in (*SECRET_OPTIONS, "storage_options", "endpoint_url"))
-
-
 # -- the command line ------------------------------------------------------------------------------------------
 def from_command_line(main):
     """Wrap an entry point's ``@hydra.main`` function: secrets in ``sys.argv`` move into the environment
@@ -126,18 +105,6 @@ def from_command_line(main):
     return wrapper
 
 
-def secrets_to_environment(args: list[str], environ=None) -> list[str]:
-    """``args`` with every secret given by value replaced by ``${oc.env:FEEDLINE_SECRET_<KEY>}``, that
-    variable set in ``environ`` (this process's environment)."""
-    environ = os.environ if environ is None else environ
-
-    def keep(key: str, value: str) -> str:
-        environ[env_name(key)] = value
-        return f"${{oc.env:{env_name(key)}}}"
-
-    return [rewrite_override(arg, keep) for arg in args]
-
-
 def hidden_overrides(overrides) -> list[str]:
     """Overrides (``hydra.overrides.task``) as a record may hold them (``summary.json``): as written, not
     resolved (a ListConfig's items are: ``'${oc.env:NAME}'`` would read as the secret), and a secret given by
@@ -151,103 +118,18 @@ def _as_written(overrides) -> list[str]:
     return [str(o) for o in overrides or []]
 
 
-def rewrite_override(arg: str, replace) -> str:
-    """``arg`` with each secret value in it replaced by ``replace(key, value)``, quoted; anything else (flags,
-    other keys, references) as it is. An endpoint with a user name and password is refused."""
-    if arg.startswith("-") or "=" not in arg or not _may_hold_a_secret(arg):
-        return arg
-    given = arg.split("=", 1)[0]  # the key with the user's own +, ++ or ~
-    try:
-        override = OverridesParser.create().parse_override(arg)
-    except Exception:
-        raise SecretError(  # Hydra's own message would quote the value
-            f"{given.lstrip('~+')}: Hydra cannot parse this override (its value is not shown: it may be a "
-            f"secret): quote the value for Hydra, and the whole override for the shell: '{given}=\"...\"'"
-        ) from None
-    key = override.key_or_group
-    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-    for value in values:
-        refusal = next(filter(None, (_userinfo(k, v) for k, v in _leaves(key, value))), None)
-        if refusal:
-            raise SecretError(refusal)
-    if override.is_sweep_override():
-        if any(_literal_secrets(key, value) for value in values):
-            raise SecretError(
-                f"{key}: a sweep over secrets would write them into the sweep's files: sweep over references "
-                f"instead, one environment variable per value ({key}=${{oc.env:NAME}}), or over profiles "
-                f"({key.rsplit('.', 1)[0]}.profile_name)"
-            )
-        return arg
-    if override.type == OverrideType.DEL:
-        if _literal_secrets(key, override.value()):
-            raise SecretError(f"{key}: delete a secret without its value: ~{key}")
-        return arg
-    changed = False
-
-    def walk(path: str, value):
-        nonlocal changed
-        if isinstance(value, dict | list):
-            return _map(path, value, walk)
-        text = value.text if isinstance(value, QuotedString) else value
-        # an interpolation is Hydra's to resolve (the guard checks what it points at)
-        if not is_secret(path) or not _is_value(text) or "${" in str(text):
-            return value
-        changed = True
-        return QuotedString(text=replace(path, str(text)), quote=Quote.single)  # as a user would quote it
-
-    replaced = walk(key, override._value)
-    if not changed:
-        return arg
-    return f"{override.get_key_element()}={Override._get_value_element_as_str(replaced)}"
-
-
-def _map(key: str, value, function):
-    """``value``'s items through ``function(their key, item)``, as the same kind of container."""
-    if isinstance(value, dict):
-        return {k: function(f"{key}.{k}" if key else str(k), v) for k, v in value.items()}
-    return [function(f"{key}.{n}" if key else str(n), v) for n, v in enumerate(value)]
-
-
-def _is_value(value) -> bool:
-    return value is not None and str(value) not in ("", "???", HIDDEN)
-
-
-def _leaves(key: str, value):
-    """(key, value) of every leaf under ``key`` (itself, when ``value`` is no container)."""
-    if isinstance(value, dict | list):
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for k, v in items:
-            yield from _leaves(f"{key}.{k}" if key else str(k), v)
-    else:
-        yield key, value
-
-
-def _secret_leaves(key: str, value):
-    """(key, value) of every secret option under ``key`` (itself included)."""
-    return [(k, v) for k, v in _leaves(key, value) if is_secret(k)]
-
-
-def _literal_secrets(key: str, value) -> list[str]:
-    """The keys under ``key`` (itself included) whose secret is given by value."""
-    return [k for k, v in _secret_leaves(key, value) if _is_value(v) and not is_reference(v)]
-
-
 # -- the composed config ---------------------------------------------------------------------------------------
 def secrets_by_value(cfg: DictConfig) -> list[str]:
     """Keys of ``cfg`` (``hydra.*`` included: ``hydra.job.env_set``) whose secret is written by value."""
-    return _literal_secrets("", OmegaConf.to_container(cfg, resolve=False))
+    return literal_secrets("", OmegaConf.to_container(cfg, resolve=False))
 
 
 def _endpoint_refusal(cfg: DictConfig) -> str | None:
     """What to say of the first endpoint of ``cfg`` that holds a user name and password, else None."""
     return next(
-        filter(None, (_userinfo(k, v) for k, v in _leaves("", OmegaConf.to_container(cfg, resolve=False)))),
+        filter(None, (userinfo_at(k, v) for k, v in leaves("", OmegaConf.to_container(cfg, resolve=False)))),
         None,
     )
-
-
-def _userinfo(key: str, value) -> str | None:
-    return userinfo_refusal(key, value) if is_endpoint(key) else None
 
 
 def _given_on_command_line(config: DictConfig) -> dict[str, str]:
@@ -268,8 +150,8 @@ def _given_on_command_line(config: DictConfig) -> dict[str, str]:
 
 def _masked(key: str, value):
     if isinstance(value, dict | list):
-        return _map(key, value, _masked)
-    return HIDDEN if _literal_secrets(key, value) or _userinfo(key, value) else value
+        return map_items(key, value, _masked)
+    return HIDDEN if literal_secrets(key, value) or userinfo_at(key, value) else value
 
 
 def _refuse(config: DictConfig) -> None:
@@ -306,7 +188,7 @@ def _refuse(config: DictConfig) -> None:
 
 def _unset_references(key: str, value) -> list[tuple[str, str]]:
     """(key, variable) for each secret given as ``${oc.env:NAME}`` (no default) whose variable is not set."""
-    found = [(k, ENV_REFERENCE.fullmatch(str(v).strip()), str(v)) for k, v in _secret_leaves(key, value)]
+    found = [(k, ENV_REFERENCE.fullmatch(str(v).strip()), str(v)) for k, v in secret_leaves(key, value)]
     return [(k, m.group(1)) for k, m, v in found if m and "," not in v and m.group(1) not in os.environ]
 
 

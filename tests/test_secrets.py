@@ -17,17 +17,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, read_write
 
 from feedline.cli.instantiate import instantiate
-from feedline.cli.secrets import (
-    MOVES_SECRETS,
-    SecretError,
-    SecretsGuard,
-    env_name,
-    from_command_line,
-    hidden_overrides,
-    secrets_to_environment,
-)
+from feedline.cli.secret_overrides import SecretError, env_name, secrets_to_environment
+from feedline.cli.secrets import MOVES_SECRETS, SecretsGuard, from_command_line, hidden_overrides
+from feedline.datamodules.checkpoint.parts import build
 from feedline.datamodules.image import ImageDataModule
-from feedline.datamodules.parts import build
 from feedline.storage.secrets import HIDDEN, SECRET_OPTIONS, without_secrets
 from feedline.storage.stores import STORAGE_OPTIONS, S3Store, StoreError
 from tests.conftest import ROOT_DIR
