@@ -18,7 +18,7 @@ from tests.conftest import ROOT_DIR
 from tests.helpers import simple_tree
 from tests.test_quiet import assert_quiet
 
-SNIPPET = re.compile(r"<!-- project file: (\S+) -->\n```\w+\n(.*?)\n```", re.S)
+SNIPPET = re.compile(r"<!-- project file: (\S+) -->\n```\w+[^\n]*\n(.*?)\n```", re.S)  # ```python title="..."
 FILES = {"conf/config.yaml", "model.py", "train.py", "predict.py", "loop.py"}
 PAGE = ROOT_DIR / "docs" / "own-project.md"
 
