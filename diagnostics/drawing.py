@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from feedline.diagnostics.loader_bench import STAGE_NAMES
+from feedline.diagnostics.stages import STAGE_NAMES
 
 FEEDLINE = "#1f6feb"
 ANCHOR = "#8b949e"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from feedline.diagnostics.loader_bench import STAGE_NAMES
+from feedline.diagnostics.stages import STAGE_NAMES
 
 
 def print_report(result: dict, console: Console | None = None) -> None:

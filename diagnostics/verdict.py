@@ -28,12 +28,12 @@ from feedline.diagnostics.in_force import (
     SHARDS,
     UINT8_BATCHES,
 )
-from feedline.diagnostics.loader_bench import STAGE_NAMES
+from feedline.diagnostics.stages import STAGE_NAMES
 
 
 @dataclass(frozen=True)
 class Advice:
-    """One thing to try. ``formats``: the payload formats it helps with (``loader_bench.payload_format``:
+    """One thing to try. ``formats``: the payload formats it helps with (``stages.payload_format``:
     jpeg, png, other, raw); None: any. Advice that fits none of the formats measured is left out, and so is
     advice with a ``moot_if`` name (``in_force``'s, or ``SWEPT`` / ``NO_WORKERS``) that holds for the run,
     and advice with an ``only_if`` name that does not."""
