@@ -1,6 +1,7 @@
 """feedline installs and imports as one package, and its import graph keeps the layers apart.
 
-The layer rules (README, "Layout"): readers (``datasets``) import no writer, datamodule or Lightning;
+The layer rules (the manual's architecture page): readers (``datasets``) import no writer, datamodule or
+Lightning, and their shared contract no source family; object storage (``storage``) imports no reader;
 ``transforms`` imports no source; nothing imports in a circle; and every internal import is spelled
 ``feedline.…``, never a bare ``datasets`` that would shadow (or be shadowed by) another project's package.
 """
@@ -27,13 +28,29 @@ PACKAGES = (
     "datasets",
     "diagnostics",
     "models",
+    "storage",
     "transforms",
     "writers",
 )
-ENTRY_MODULES = ("train", "convert", "bench")
+ENTRY_MODULES = ("train", "convert", "bench", "public")
+FAMILIES = tuple(
+    f"feedline.datasets.{family}" for family in ("folder", "hdf5", "shards", "wds", "mix", "overlap")
+)
+CONTRACT = ("records", "arrays", "paths", "splits", "options", "cache")
 # Layer -> what it must never import (prefixes of absolute module names).
 FORBIDDEN = {
     "feedline.datasets": ("feedline.writers", "feedline.datamodules", "feedline.cli", "lightning", "torch"),
+    # object storage serves readers and writers alike: it imports neither
+    "feedline.storage": (
+        "feedline.datasets",
+        "feedline.writers",
+        "feedline.datamodules",
+        "feedline.cli",
+        "torch",
+    ),
+    # the contract every source shares imports no family
+    **{f"feedline.datasets.{name}": FAMILIES for name in CONTRACT},
+    "feedline.datasets.__init__": FAMILIES,
     "feedline.transforms": ("feedline.datasets", "feedline.writers", "feedline.datamodules", "lightning"),
     "feedline.writers": ("feedline.datamodules", "lightning"),
     "feedline.datamodules.options": ("torch", "lightning", "numpy"),
@@ -42,7 +59,17 @@ FORBIDDEN = {
     # the data layer without Lightning (ImageLoaders): only image.py, ImageDataModule, imports it
     **{
         f"feedline.datamodules.{name}": ("lightning",)
-        for name in ("loaders", "samples", "workers", "resume", "knobs", "parts", "bad_samples", "options")
+        for name in (
+            "loaders",
+            "samples",
+            "split_dataset",
+            "workers",
+            "epoch",
+            "knobs",
+            "checkpoint",
+            "bad_samples",
+            "options",
+        )
     },
 }
 
@@ -51,9 +78,9 @@ def package_modules() -> dict[str, Path]:
     """Module name -> file, for every installed module of feedline."""
     modules = {f"feedline.{name}": ROOT_DIR / f"{name}.py" for name in ENTRY_MODULES}
     for package in PACKAGES:
-        for path in sorted((ROOT_DIR / package).glob("*.py")):
-            stem = path.stem
-            modules[f"feedline.{package}" if stem == "__init__" else f"feedline.{package}.{stem}"] = path
+        for path in sorted((ROOT_DIR / package).rglob("*.py")):
+            dotted = ".".join(path.relative_to(ROOT_DIR).with_suffix("").parts)
+            modules[f"feedline.{dotted}"] = path  # a package's own module as feedline.x.__init__
     return modules
 
 
