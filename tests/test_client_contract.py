@@ -279,9 +279,9 @@ def fit_one_step(make_cfg, tree, tmp_path, *overrides) -> tuple[ImageDataModule,
 def test_a_checkpoint_holds_the_data_config_and_rebuilds_the_datamodule(make_cfg, tree, tmp_path):
     dm, path = fit_one_step(make_cfg, tree, tmp_path, "data.memory_format=channels_last")
     saved = torch.load(path, weights_only=True)["datamodule_hyper_parameters"]  # plain containers only
-    assert saved["source"]["_target_"] == "feedline.datasets.folder.source.FolderSource"
+    assert saved["source"]["_target_"] == "feedline.datasets.FolderSource"
     assert saved["source"]["root"] == tree and saved["source"]["test_fraction"] == 0.34
-    assert saved["collate"]["_target_"] == "feedline.transforms.collate.Uint8Collate"
+    assert saved["collate"]["_target_"] == "feedline.transforms.Uint8Collate"
     assert saved["transforms"]["train"][0]["_target_"] == "torchvision.transforms.v2.RandomCrop"
     assert saved["batch_size"] == 4 and saved["memory_format"] == "channels_last"
 
@@ -300,15 +300,15 @@ def test_parts_given_as_objects_are_rebuilt_from_their_arguments_or_named_when_t
         FolderSource(tree, test_fraction=0.34), stacks, Uint8Collate(reuse_buffers=False), batch_size=2
     )
     assert dm.hparams["source"] == {
-        "_target_": "feedline.datasets.folder.source.FolderSource",
+        "_target_": "feedline.datasets.FolderSource",
         "root": tree,
         "test_fraction": 0.34,
     }
     assert dm.hparams["collate"] == {
-        "_target_": "feedline.transforms.collate.Uint8Collate",
+        "_target_": "feedline.transforms.Uint8Collate",
         "reuse_buffers": False,
     }
-    assert dm.hparams["transforms"].startswith("described: feedline.transforms.stacks.TransformStacks")
+    assert dm.hparams["transforms"].startswith("described: feedline.transforms.TransformStacks")
     trainer = L.Trainer(
         max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
     )
@@ -325,9 +325,9 @@ def test_parts_given_as_objects_are_rebuilt_from_their_arguments_or_named_when_t
 
 
 def test_a_misspelt_argument_from_lightning_cli_is_named(tree):
-    wrong = {"class_path": "feedline.datasets.folder.source.FolderSource", "init_args": {"rooot": tree}}
+    wrong = {"class_path": "feedline.datasets.FolderSource", "init_args": {"rooot": tree}}
     with pytest.raises(
-        ValueError, match=r"data\.source: feedline\.datasets\.folder\.FolderSource does not take \['rooot'\]"
+        ValueError, match=r"data\.source: feedline\.datasets\.FolderSource does not take \['rooot'\]"
     ):
         ImageDataModule(wrong)
     with pytest.raises(ValueError, match=r"data\.source has no _target_"):
@@ -362,12 +362,12 @@ def test_lightning_cli_picks_the_datamodule_its_source_and_collate_from_flags(tr
     from lightning.pytorch.cli import LightningCLI
 
     args = [
-        "--data.source=feedline.datasets.folder.source.FolderSource",
+        "--data.source=feedline.datasets.FolderSource",
         f"--data.source.root={tree}",
         "--data.source.test_fraction=0.34",
-        "--data.collate=feedline.transforms.collate.Uint8Collate",
+        "--data.collate=feedline.transforms.Uint8Collate",
         "--data.collate.reuse_buffers=false",
-        "--data.transforms=feedline.transforms.stacks.TransformStacks",
+        "--data.transforms=feedline.transforms.TransformStacks",
         '--data.transforms.batch=[{"class_path": "torchvision.transforms.v2.ToDtype", '
         '"init_args": {"dtype": "torch.float32", "scale": true}}]',
         "--data.batch_size=4",

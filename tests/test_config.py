@@ -166,7 +166,7 @@ def test_cli_prints_config_and_lists_options():
     out = subprocess.run(
         [sys.executable, "train.py", "--cfg", "job"], cwd=ROOT_DIR, capture_output=True, text=True, check=True
     ).stdout
-    assert "_target_: feedline.datamodules.image.ImageDataModule" in out and "source:" in out
+    assert "_target_: feedline.datamodules.ImageDataModule" in out and "source:" in out
     bad = subprocess.run(
         [sys.executable, "train.py", "source=nope"], cwd=ROOT_DIR, capture_output=True, text=True
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from feedline.public import public_path
 from feedline.storage.secrets import without_secrets
 
 DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
@@ -60,7 +61,7 @@ def build(value, key: str) -> tuple[Any, Any]:
     config = rebuild() if callable(rebuild) else None
     if config is not None:
         return value, without_secrets(config)
-    return value, f"{DESCRIBED} {type(value).__module__}.{type(value).__qualname__}: {value!r}"
+    return value, f"{DESCRIBED} {public_path(type(value))}: {value!r}"
 
 
 def unrebuildable(parts: dict) -> list[str]:
