@@ -22,6 +22,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import pkgutil
+import re
 import sys
 import warnings
 
@@ -117,7 +118,32 @@ class MovedWarning(DeprecationWarning):
     """An old import path was used; it works for one more release. The message names the new path."""
 
 
-warnings.filterwarnings("default", category=MovedWarning)  # shown once per place, unlike DeprecationWarning
+def _shown_unless_filtered() -> None:
+    """Show each MovedWarning once per place, where the user has set nothing for it: Python hides every
+    DeprecationWarning not raised in ``__main__``, and a moved ``_target_`` is imported by Hydra, not by the
+    user's code. A filter of the user's (``-W``, ``PYTHONWARNINGS``, pytest's ``filterwarnings``) that already
+    decides for it is left to decide: ``-W error::DeprecationWarning`` still raises it, ``-W ignore`` hides it."""
+    for option in sys.warnoptions:  # -W and PYTHONWARNINGS: action:message:category:module:lineno
+        fields = option.split(":")
+        category = fields[2].strip().rpartition(".")[2] if len(fields) > 2 else ""
+        if category in ("", "Warning", "DeprecationWarning", "MovedWarning"):
+            return
+    for action, message, category, module, _ in warnings.filters:
+        if not issubclass(MovedWarning, category) or not _matches(module, "feedline.public"):
+            continue
+        if (action, message, category, module) == ("ignore", None, DeprecationWarning, None):
+            warnings.filterwarnings("default", category=MovedWarning)  # Python's own default: nothing set
+        return
+
+
+def _matches(pattern, text: str) -> bool:
+    """A filter's module field: None (any), a compiled pattern, or (Python's own entries) a plain string."""
+    return pattern is None or bool(
+        re.match(pattern, text) if isinstance(pattern, str) else pattern.match(text)
+    )
+
+
+_shown_unless_filtered()
 
 
 def public_path(cls) -> str:

@@ -168,7 +168,7 @@ def test_the_wheel_installs_feedline_and_nothing_else_top_level(feedline_wheel, 
 @pytest.mark.parametrize(
     ("command", "args", "printed"),
     [
-        ("feedline-train", ["--cfg", "job"], "_target_: feedline.datamodules.image.ImageDataModule"),
+        ("feedline-train", ["--cfg", "job"], "_target_: feedline.datamodules.ImageDataModule"),
         ("feedline-bench", ["--cfg", "job"], "sample_items:"),
         ("feedline-convert", ["out.path=/tmp/x.h5", "--cfg", "job"], "path: /tmp/x.h5"),
     ],

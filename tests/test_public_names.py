@@ -139,3 +139,40 @@ def test_a_rebuilt_config_names_the_public_path(tree):
 
     assert FolderSource(tree).rebuild_config()["_target_"] == "feedline.datasets.FolderSource"
     assert Uint8Collate().rebuild_config()["_target_"] == "feedline.transforms.Uint8Collate"
+
+
+WARNED = "import feedline.datasets.stores"
+
+
+@pytest.mark.parametrize(
+    ("options", "returncode", "shown"),
+    [
+        ([], 0, True),  # nothing set: shown, although Python hides a DeprecationWarning outside __main__
+        (["-W", "error::DeprecationWarning"], 1, True),  # a CI that hunts deprecations before a release
+        (["-W", "ignore::DeprecationWarning"], 0, False),
+        (["-W", "error::UserWarning"], 0, True),  # a filter for something else leaves the default
+    ],
+    ids=["default", "error", "ignore", "other"],
+)
+def test_a_moved_path_warns_by_default_and_the_users_own_filter_decides(options, returncode, shown):
+    run = subprocess.run(
+        [sys.executable, *options, "-c", WARNED], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == returncode, run.stderr[-2000:]
+    assert ("feedline.datasets.stores moved to feedline.storage.stores" in run.stderr) == shown, run.stderr
+
+
+def test_a_filter_set_before_feedline_is_imported_keeps_deciding():
+    """As pytest's ``filterwarnings = error`` does for a test that imports feedline for the first time."""
+    import feedline.public
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        before = list(warnings.filters)
+        feedline.public._shown_unless_filtered()
+        assert warnings.filters == before
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # Python's own default
+        feedline.public._shown_unless_filtered()
+        assert warnings.filters[0][:3] == ("default", None, MovedWarning)
