@@ -65,12 +65,20 @@ def user_groups(found: Iterable[str], choices: Mapping[str, object]) -> list[str
 
     def listed(group: str) -> bool:
         parts = group.split("/")
-        if group in INTERNAL or not any("/".join(parts[:n]) in composed for n in range(1, len(parts) + 1)):
+        if group in INTERNAL:
             return False
-        return parts[0] != "hydra" or resources.files("feedline.conf").joinpath(*parts).is_dir()
+        if parts[0] == "hydra":
+            return resources.files("feedline.conf").joinpath(*parts).is_dir()
+        # a group of the user's own (their --config-dir or search path) is theirs to add with +group=option
+        return _own(group) or any("/".join(parts[:n]) in composed for n in range(1, len(parts) + 1))
 
     order = list(GROUPS)
     return sorted(filter(listed, set(found)), key=lambda g: (order.index(g) if g in order else len(order), g))
+
+
+def _own(group: str) -> bool:
+    """Whether ``group`` is not one of feedline's (neither a folder of feedline.conf nor a schema of its)."""
+    return group.split("/")[0] not in {g.split("/")[0] for g in (*GROUPS, *INTERNAL)}
 
 
 def format_groups(groups: Iterable[tuple[str, list[str], object]]) -> str:
@@ -80,7 +88,7 @@ def format_groups(groups: Iterable[tuple[str, list[str], object]]) -> str:
     width = max((len(name) for name, _, _ in groups), default=0) + 2
     lines = []
     for name, options, chosen in groups:
-        about = GROUPS.get(name, "(not described yet: add a line for it to GROUPS in feedline/cli/help.py)")
+        about = GROUPS.get(name, f"a group of your own: {name}=<option>, or +{name}=<option> to add it")
         shown = ", ".join(f"{o}*" if o == chosen else o for o in options)
         lines += [f"{name:<{width}}{about}", f"{'':<{width}}{shown}"]
     return "\n".join(lines)

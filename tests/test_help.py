@@ -134,5 +134,11 @@ def test_a_new_group_is_listed_without_being_described_first():
     }
     found = ["optimizer", "source", "source/parts", "transforms", "transforms/for_source", "hydra/sweeper"]
     assert user_groups(found, choices) == ["source", "source/parts", "transforms", "optimizer"]
+    # a group of the user's own is listed even where this run did not compose it; feedline's are not
+    assert user_groups([*found, "scheduler", "logger"], choices) == [
+        *user_groups(found, choices),
+        "scheduler",
+    ]
     text = format_groups([("optimizer", ["adam", "sgd"], "adam")])
-    assert "optimizer  (not described yet: add a line for it to GROUPS" in text and "adam*, sgd" in text
+    assert "optimizer  a group of your own: optimizer=<option>, or +optimizer=<option>" in text
+    assert "adam*, sgd" in text
