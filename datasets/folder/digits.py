@@ -6,6 +6,7 @@ the ordinary ``folder`` source, so the default run exercises exactly the path a 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -13,6 +14,8 @@ import tempfile
 import numpy as np
 
 from feedline.datasets.folder.source import FolderSource
+
+log = logging.getLogger(__name__)
 
 CLASSES = [str(d) for d in range(10)]
 
@@ -36,6 +39,7 @@ def materialise(root: str) -> str:
             Image.fromarray(image, mode="L").save(os.path.join(tmp, str(target), f"{n:04d}.png"))
         try:
             os.rename(tmp, root)
+            log.info("wrote scikit-learn's %d digits as a class-folder tree: %s", len(images), root)
         except OSError:
             if not os.path.isdir(root):  # another process published it first: keep theirs
                 raise
