@@ -116,6 +116,17 @@ def test_the_configuration_reference_shows_every_option_schema_and_every_key():
             assert f"`{prefix}.{field.name}`{{.feedline-key}}" in table, (match["target"], field.name)
 
 
+def test_the_configuration_reference_names_every_key_the_entry_points_set_themselves():
+    """The keys of conf/train.yaml, bench.yaml and convert.yaml outside any group (seed, ckpt_path, ...)."""
+    from omegaconf import OmegaConf
+
+    page = (DOCS / "reference" / "configuration.md").read_text(encoding="utf-8")
+    for primary in ("train", "bench", "convert"):
+        own = OmegaConf.load(ROOT_DIR / "conf" / f"{primary}.yaml")
+        for key in set(own) - {"defaults", "hydra", "bench"}:  # bench.*: its schema's table
+            assert f"| `{key}` |" in page, f"conf/{primary}.yaml's {key} is not in the reference"
+
+
 @dataclasses.dataclass
 class _Documented:
     plain: int = 3  # the comment beside it
