@@ -126,7 +126,8 @@ def _shown_unless_filtered() -> None:
     for option in sys.warnoptions:  # -W and PYTHONWARNINGS: action:message:category:module:lineno
         fields = option.split(":")
         category = fields[2].strip().rpartition(".")[2] if len(fields) > 2 else ""
-        if category in ("", "Warning", "DeprecationWarning", "MovedWarning"):
+        module = fields[3].strip() if len(fields) > 3 else ""  # a filter for one package decides for it alone
+        if category in ("", "Warning", "DeprecationWarning", "MovedWarning") and module in ("", "feedline"):
             return
     for action, message, category, module, _ in warnings.filters:
         if not issubclass(MovedWarning, category) or not _matches(module, "feedline.public"):

@@ -152,8 +152,9 @@ WARNED = "from hydra.utils import get_class; get_class('feedline.datasets.stores
         (["-W", "error::DeprecationWarning"], 1, True),  # a CI that hunts deprecations before a release
         (["-W", "ignore::DeprecationWarning"], 0, False),
         (["-W", "error::UserWarning"], 0, True),  # a filter for something else leaves the default
+        (["-W", "ignore::DeprecationWarning:somepkg"], 0, True),  # and so does one for another package
     ],
-    ids=["default", "error", "ignore", "other"],
+    ids=["default", "error", "ignore", "other", "another-package"],
 )
 def test_a_moved_path_warns_by_default_and_the_users_own_filter_decides(options, returncode, shown):
     run = subprocess.run(
