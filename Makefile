@@ -39,5 +39,6 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# build/lib keeps modules an earlier build wrote, which a later wheel would ship: a release builds after this.
 clean:
-	rm -rf logs .pytest_cache
+	rm -rf logs .pytest_cache build/lib build/bdist.* build/site

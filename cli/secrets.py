@@ -62,6 +62,7 @@ from feedline.cli.secret_overrides import (
     secrets_to_environment,
     userinfo_at,
 )
+from feedline.moved import old_names
 from feedline.storage.secrets import ENV_REFERENCE, HIDDEN
 
 # set by from_command_line: this program moves a secret given by value on its command line into the environment
@@ -213,3 +214,6 @@ class SecretsGuard(Callback):
                 if (out / name).exists():
                     OmegaConf.save(OmegaConf.create(part), out / name)
         _refuse(config)
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release

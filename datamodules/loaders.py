@@ -51,6 +51,7 @@ from feedline.datamodules.split_dataset import split_dataset
 from feedline.datamodules.workers import WorkerInit
 from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Source
+from feedline.moved import old_names
 from feedline.transforms.collate import Collate, DefaultCollate, WithParts, WithPaths
 from feedline.transforms.stacks import TransformStacks
 
@@ -291,3 +292,6 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         if dataset.with_parts:  # a mix's val/test batches say each sample's part (batch.part)
             settings["collate_fn"] = WithParts(settings["collate_fn"])
         return DataLoader(dataset, shuffle=shuffle, drop_last=drop_last, **settings)
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release

@@ -1,5 +1,28 @@
 """Sources: where samples live. Each implements ``classes``, ``prepare()`` and ``split(name)``."""
 
-from feedline.public import exports
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__ = exports(__name__)
+from feedline.public import exports as _exports
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
+    from feedline.datasets.folder.digits import DigitsSource
+    from feedline.datasets.folder.lazy import LazyFolderSource
+    from feedline.datasets.folder.source import FolderSource
+    from feedline.datasets.hdf5.source import HDF5Source
+    from feedline.datasets.mix.source import MixSource
+    from feedline.datasets.records import RecordSet, Source
+    from feedline.datasets.shards.source import ShardsSource
+    from feedline.datasets.wds.source import WdsSource
+
+__all__ = [
+    "Source",
+    "RecordSet",
+    "FolderSource",
+    "LazyFolderSource",
+    "DigitsSource",
+    "HDF5Source",
+    "ShardsSource",
+    "WdsSource",
+    "MixSource",
+]
+__getattr__, __dir__ = _exports(__name__)

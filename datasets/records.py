@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from feedline.conf.rebuild import Rebuildable
+from feedline.moved import old_names
 
 
 @runtime_checkable
@@ -119,3 +120,6 @@ class Records:
         if self.subset is not None:
             h.update(np.ascontiguousarray(self.subset.array, dtype=np.int64).data)
         return h.hexdigest()
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedline.diagnostics.stages import breakdown
+from feedline.moved import old_names
 
 log = logging.getLogger(__name__)
 
@@ -141,3 +142,6 @@ def model_step(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (clock() - start) / repeats
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release

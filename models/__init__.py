@@ -1,5 +1,15 @@
 """LightningModules and networks the default runs and tests train."""
 
-from feedline.public import exports
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__ = exports(__name__)
+from feedline.public import exports as _exports
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
+    from feedline.models.classifier import ImageClassifier
+    from feedline.models.nets import SmallCNN
+
+__all__ = [
+    "ImageClassifier",
+    "SmallCNN",
+]
+__getattr__, __dir__ = _exports(__name__)

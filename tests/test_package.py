@@ -32,7 +32,7 @@ PACKAGES = (
     "transforms",
     "writers",
 )
-ENTRY_MODULES = ("train", "convert", "bench", "public")
+ENTRY_MODULES = ("train", "convert", "bench", "public", "moved")
 FAMILIES = tuple(
     f"feedline.datasets.{family}" for family in ("folder", "hdf5", "shards", "wds", "mix", "overlap")
 )
@@ -85,9 +85,14 @@ def package_modules() -> dict[str, Path]:
 
 
 def imports_of(path: Path) -> list[str]:
-    """Every module ``path`` imports, at any depth (lazy imports inside functions count too)."""
+    """Every module ``path`` imports, at any depth (lazy imports inside functions count too), but those for type
+    checkers alone (``if TYPE_CHECKING:``), which never run."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            node.body = []
     names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -1,5 +1,25 @@
 """Decode, transform stacks and collate: payload -> uint8 CHW tensor -> batch."""
 
-from feedline.public import exports
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__ = exports(__name__)
+from feedline.public import exports as _exports
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
+    from feedline.transforms.batch import Batch
+    from feedline.transforms.collate import DefaultCollate, PadCollate, Uint8Collate
+    from feedline.transforms.crop import RandomResizedCrop
+    from feedline.transforms.flip import RandomHorizontalFlip
+    from feedline.transforms.mix import MixupCutmix
+    from feedline.transforms.stacks import TransformStacks
+
+__all__ = [
+    "TransformStacks",
+    "DefaultCollate",
+    "Uint8Collate",
+    "PadCollate",
+    "MixupCutmix",
+    "RandomResizedCrop",
+    "RandomHorizontalFlip",
+    "Batch",
+]
+__getattr__, __dir__ = _exports(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from feedline.public import public_path
+from feedline.public import current_targets, public_path
 from feedline.storage.secrets import without_secrets
 
 DESCRIBED = "described:"  # the prefix of what the checkpoint records for a part that was given as an object
@@ -56,7 +56,7 @@ def build(value, key: str) -> tuple[Any, Any]:
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
-        return instantiate(plain), without_secrets(plain)
+        return instantiate(plain), without_secrets(current_targets(plain))
     rebuild = getattr(value, "rebuild_config", None)
     config = rebuild() if callable(rebuild) else None
     if config is not None:

@@ -1,5 +1,5 @@
 """The mix family: several sources as one, each part drawn by weight or count every epoch."""
 
-from feedline.public import exports
+from feedline.public import exports as _exports
 
-__getattr__, __dir__ = exports(__name__)
+__getattr__, __dir__ = _exports(__name__)

@@ -4,6 +4,7 @@ docstring and how many modules it holds). Nothing is imported but ``feedline.pub
 ``ast``, so building the manual stays quick.
 
     <!-- public names -->
+    <!-- moved paths -->
     <!-- tree datasets datasets/folder storage -->
 """
 
@@ -23,6 +24,8 @@ TREE = re.compile(r"<!-- tree ([\w/ ]+?) -->")
 def on_page_markdown(markdown: str, **_) -> str:
     if "<!-- public names -->" in markdown:
         markdown = markdown.replace("<!-- public names -->", public_names())
+    if "<!-- moved paths -->" in markdown:
+        markdown = markdown.replace("<!-- moved paths -->", moved_paths())
     return TREE.sub(lambda m: tree(m[1].split()), markdown)
 
 
@@ -34,6 +37,19 @@ def public_names() -> str:
         for name, module in names.items():
             key = f"`{package}.{name}`{{.feedline-key}}"
             lines.append(f"| {key} | {first_line(class_docstring(module, name))} |")
+    return "\n".join(lines) + "\n"
+
+
+def moved_paths() -> str:
+    """feedline 0.1's module paths and where each is now (``feedline.moved``)."""
+    from feedline.moved import MOVED, REPLACED, SPLIT
+
+    lines = ["| feedline 0.1 | now |", "|---|---|"]
+    for old in sorted({*MOVED, *REPLACED, *SPLIT}):
+        now = [MOVED.get(old) or REPLACED.get(old) or (old if old not in MOVED else None)]
+        now += [m for m in SPLIT.get(old, ()) if m not in now]
+        shown = ", ".join(f"`{m}`" for m in now if m)
+        lines.append(f"| `{old}`{{.feedline-key}} | {shown} |")
     return "\n".join(lines) + "\n"
 
 

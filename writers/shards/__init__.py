@@ -9,6 +9,10 @@
 ``convert_source`` and ``convert`` are served here, where ``feedline.writers.hdf5`` serves its own.
 """
 
+from feedline.moved import old_names
 from feedline.writers.shards.write import convert, convert_source
 
 __all__ = ["convert", "convert_source"]
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release
