@@ -38,17 +38,14 @@ from feedline.diagnostics.verdict import diagnose, recommend_workers
 log = logging.getLogger("feedline")
 
 
-_DATAMODULE = "feedline.datamodules.image.ImageDataModule"
+# feedline's datamodule, by its public path and where it is defined (a string compare: nothing is imported)
+_DATAMODULE = ("feedline.datamodules.ImageDataModule", "feedline.datamodules.image.ImageDataModule")
 
 
 def _without_lightning(data: DictConfig) -> dict:
     """feedline's datamodule is timed as its Lightning-free core (``ImageLoaders``: the same loaders), so the
     start-up breakdown is the data layer's own; a datamodule of the user's is built as configured."""
-    return (
-        {"_target_": "feedline.datamodules.loaders.ImageLoaders"}
-        if data.get("_target_") == _DATAMODULE
-        else {}
-    )
+    return {"_target_": "feedline.datamodules.ImageLoaders"} if data.get("_target_") in _DATAMODULE else {}
 
 
 def seed_everything(seed: int) -> None:
