@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from feedline.cli.instantiate import instantiate, instantiate_all
 from feedline.datamodules.image import ImageDataModule
-from tests.conftest import CONF, ROOT_DIR
+from tests.conftest import CONF
 from tests.helpers import simple_tree
 
 OPTIONS = sorted(
@@ -159,18 +159,6 @@ def test_folder_source_without_root_says_what_to_set(make_cfg):
     cfg = make_cfg("source=folder")
     with pytest.raises(Exception, match=r"source\.root"):
         instantiate(cfg.data, "data")
-
-
-@pytest.mark.slow
-def test_cli_prints_config_and_lists_options():
-    out = subprocess.run(
-        [sys.executable, "train.py", "--cfg", "job"], cwd=ROOT_DIR, capture_output=True, text=True, check=True
-    ).stdout
-    assert "_target_: feedline.datamodules.ImageDataModule" in out and "source:" in out
-    bad = subprocess.run(
-        [sys.executable, "train.py", "source=nope"], cwd=ROOT_DIR, capture_output=True, text=True
-    )
-    assert bad.returncode != 0 and "folder" in bad.stderr and "digits" in bad.stderr
 
 
 def test_the_instantiation_log_names_the_class_built(make_cfg, tree, caplog):

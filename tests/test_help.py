@@ -16,6 +16,7 @@ RUNS = {
     "bench": ["bench.py", "--help"],
     "convert": ["convert.py", "--help"],
     "hydra-help": ["train.py", "--hydra-help"],
+    "unknown-option": ["train.py", "source=nope"],  # a typo'd option is refused, listing the valid ones
 }
 # what each command composes: bench has no logger or callbacks, convert only a source
 LISTS = {
@@ -40,6 +41,13 @@ def outputs() -> dict[str, tuple[int, str, str]]:
         out, err = process.communicate(timeout=300)
         done[name] = (process.returncode, out, err)
     return done
+
+
+@pytest.mark.slow
+def test_an_unknown_option_is_refused_on_the_command_line_listing_the_valid_ones(outputs):
+    status, _, err = outputs["unknown-option"]
+    assert status != 0 and "Could not find 'source/nope'" in err
+    assert all(option in err for option in ("digits", "folder", "hdf5", "shards", "wds", "mix"))
 
 
 @pytest.fixture
