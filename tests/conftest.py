@@ -3,12 +3,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from tests.helpers import simple_tree
 
@@ -19,6 +21,29 @@ CONF = ROOT_DIR / "conf"
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+_start_iterator = _MultiProcessingDataLoaderIter.__init__
+
+
+def _tracked_start(self, *args, **kwargs):
+    _ITERATORS.add(self)
+    _start_iterator(self, *args, **kwargs)
+
+
+_MultiProcessingDataLoaderIter.__init__ = _tracked_start
+
+
+@pytest.fixture(autouse=True)
+def _workers_stopped_after_each_test():
+    """The worker processes a test left running (an iterator it stopped reading mid-epoch) are stopped when it
+    ends. Left to the garbage collector, torch stops them from inside a later collection, where its message to
+    persistent workers is not sent: each waits out its join timeout, 5 s per worker, in another test."""
+    yield
+    for iterator in list(_ITERATORS):
+        if not getattr(iterator, "_shutdown", True):
+            iterator._shutdown_workers()
 
 
 @pytest.fixture
