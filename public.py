@@ -28,6 +28,9 @@ PUBLIC = {
     "feedline.datasets": {
         "Source": "feedline.datasets.records",
         "RecordSet": "feedline.datasets.records",
+        "BadInput": "feedline.datasets.records",
+        "Field": "feedline.datasets.fields",
+        "Fields": "feedline.datasets.fields",
         "FolderSource": "feedline.datasets.folder.source",
         "LazyFolderSource": "feedline.datasets.folder.lazy",
         "DigitsSource": "feedline.datasets.folder.digits",

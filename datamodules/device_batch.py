@@ -15,6 +15,14 @@ from feedline.transforms.collate import Batch
 
 class DeviceBatch:
     def _bind_mix(self) -> None:
+        if self.transforms.mix is None:
+            return
+        target = self.fields[self.fields.target]
+        if target.kind not in ("class", "classes"):
+            raise ValueError(
+                f"transforms.mix (mixup/cutmix) mixes class targets; this source's target {target.name!r} is of "
+                f"kind {target.kind}, which mixing would make wrong: drop mix=... for this data"
+            )
         if getattr(self.transforms.mix, "num_classes", 0) is None:
             self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
 
@@ -33,19 +41,23 @@ class DeviceBatch:
         self._bind_mix()
         if device is not None:
             batch = batch.to(device)
-        image = self._format(batch.image)  # on uint8, before the batch stack: the cheapest copy if any
+        x, y = (
+            batch.x_name,
+            batch.y_name,
+        )  # the image is normalised, the target mixed; other fields stay as they are
+        image = self._format(batch[x])  # on uint8, before the batch stack: the cheapest copy if any
         seeded = seed is not None and training and self.transforms.mix is not None
         with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
             if seeded:  # the mix of this batch, whatever ran before it
                 torch.default_generator.manual_seed(seed)
-            image, label = self.transforms.on_device(image, batch.label, training)
+            image, label = self.transforms.on_device(image, batch[y], training)
         image = self._format(image)  # a no-op unless a transform changed the layout
         if image.dim() == 4 and not image.is_floating_point():
             raise TypeError(
                 f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
                 "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
             )
-        return batch.replace(image=image, label=label)
+        return batch.replace(**{x: image, y: label})
 
     def _format(self, image: torch.Tensor) -> torch.Tensor:
         return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image

@@ -46,9 +46,11 @@ from feedline.datamodules.knobs import (
 )
 from feedline.datamodules.options import DataConfig, OnBadSample, parse_on_bad_sample
 from feedline.datamodules.predict import PredictLoader
+from feedline.datamodules.sample_fields import layout_of
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.split_dataset import split_dataset
 from feedline.datamodules.workers import WorkerInit
+from feedline.datasets.fields import Fields, fields_of
 from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Source
 from feedline.moved import old_names
@@ -182,6 +184,11 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         return self.source.classes
 
     @property
+    def fields(self) -> Fields:
+        """What a sample holds (``datasets/fields.py``): the source's fields, or image and class."""
+        return fields_of(self.source)
+
+    @property
     def num_classes(self) -> int:
         return len(self.classes)
 
@@ -212,6 +219,8 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         for declared in ahead:  # data.stages: every split the run will use, at the first setup()
             self.setup(declared)
         self._bind_mix()
+        if not self.fields.is_classification and hasattr(self.collate, "bind"):
+            self.collate.bind(layout_of(self.fields))  # each kind of field has its own way into a batch
         for split in _STAGES.get(stage or "fit", ("train", "val")):
             if split not in self.datasets:
                 self.datasets[split] = self._dataset(split)

@@ -13,10 +13,17 @@ from torch.utils.data import Dataset
 from feedline.datamodules.bad_samples import BadSampleError, BadSamples, check_max_bad_fraction
 from feedline.datamodules.options import DataConfig as _DEFAULTS
 from feedline.datamodules.options import OnBadSample, parse_on_bad_sample
+from feedline.datamodules.sample_fields import FieldDecoder
+from feedline.datasets.fields import Fields
+from feedline.datasets.records import BadInput
 from feedline.transforms.decode import DecodeError, decode
 from feedline.transforms.reduce import minimum_size
 
 log = logging.getLogger(__name__)
+
+# What a sample's data can be wrong with: unreadable, undecodable, or a source's own ``BadInput``. These follow
+# data.on_bad_sample; any other exception is a bug or a configuration error and stops the run.
+BAD_INPUT = (OSError, DecodeError, BadInput)
 
 
 class SampleDataset(Dataset):
@@ -33,6 +40,11 @@ class SampleDataset(Dataset):
     A mix's records (``source=mix``) tell each sample's part (``records.part_of``): ``part_transforms``
     (part -> per-sample stack) replaces ``transform`` for that part's samples, and ``with_parts`` (val,
     test) makes samples ``(image, label, part)``, for accuracy per part.
+
+    ``fields`` (``datasets/fields.py``): the records read dicts of named fields, and a sample is a dict of
+    decoded fields (images as ``tv_tensors.Image``, masks as ``tv_tensors.Mask``) that the transform stack
+    moves together; a mix's val and test samples then hold their ``part``. None: ``(payload, label)`` records,
+    the classification path.
     """
 
     def __init__(
@@ -46,8 +58,11 @@ class SampleDataset(Dataset):
         with_paths: bool = False,
         part_transforms: dict[int, Callable] | None = None,
         with_parts: bool = False,
+        fields: Fields | None = None,
     ):
         self.records = records
+        self.fields = None if fields is None or fields.is_classification else fields
+        self._field_decoder = FieldDecoder(self.fields) if self.fields is not None else None
         self.with_paths = bool(with_paths)
         self.transform = transform
         self.part_transforms = dict(part_transforms or {})
@@ -103,17 +118,26 @@ class SampleDataset(Dataset):
         return getitems(indices) if getitems is not None else [self.records[i] for i in indices]
 
     def decode(self, payload, part: int | None = None):
-        """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it."""
+        """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it; a record of
+        named fields -> a dict of decoded fields (``sample_fields.py``)."""
+        if self._field_decoder is not None:
+            return self._field_decoder(payload, self._floor_of(part), self.max_pixels)
         return decode(payload, self._floor_of(part), self.max_pixels)
 
     def augment(self, image, part: int | None = None):
-        """The per-sample transform stack (a mix's part's own, where it has one)."""
+        """The per-sample transform stack (a mix's part's own, where it has one): on the image, or on every
+        field of a sample of named fields at once."""
         transform = self._transform_of(part)
         return transform(image) if transform is not None else image
 
     # -- the pipeline -----------------------------------------------------------------------------
-    def _decode(self, i: int):
-        payload, label = self.records[i]
+    def _decode(self, i: int, record=None):
+        """(decoded image, label) of sample ``i``, or (dict of decoded fields, None)."""
+        if record is None:
+            record = self.records[i]
+        if self._field_decoder is not None:
+            return self.decode(record, self._part(i)), None
+        payload, label = record
         return self.decode(payload, self._part(i)), label
 
     def __getitem__(self, key):
@@ -128,19 +152,15 @@ class SampleDataset(Dataset):
         indices = [i for i, _ in pairs]
         try:
             records = self.read_many(indices)
-        except (OSError, DecodeError):  # fall back to one by one: the bad sample gets named there
+        except BAD_INPUT:  # fall back to one by one: the bad sample gets named there
             return [self._finish(i, None, seed) for i, seed in pairs]
         return [self._finish(i, record, seed) for (i, seed), record in zip(pairs, records)]
 
     def _finish(self, i: int, record, seed: int | None = None):
         used, part = i, self._part(i)
         try:
-            if record is None:
-                payload, label = self.records[i]
-            else:
-                payload, label = record
-            image = self.decode(payload, part)
-        except (OSError, DecodeError) as err:
+            image, label = self._decode(i, record)
+        except BAD_INPUT as err:
             self.bad_sample(i, err)
             if self.with_paths:
                 return None  # predict: the file is left out of its batch (``WithPaths``), never replaced
@@ -148,6 +168,13 @@ class SampleDataset(Dataset):
             part = self._part(used)
         if seed is not None:
             torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100
+        if label is None:  # named fields: one dict, the part of a mix's val/test sample in it
+            sample = self.augment(image, part)
+            if self.with_parts:
+                sample["part"] = part
+            if self.with_paths:
+                sample["paths"] = self.records.describe(used)
+            return sample
         if self.with_paths:
             return self.augment(image, part), label, self.records.describe(used)
         if self.with_parts:
@@ -177,7 +204,7 @@ class SampleDataset(Dataset):
             j = (i + k) % n
             try:
                 return (*self._decode(j), j)
-            except (OSError, DecodeError) as err:
+            except BAD_INPUT as err:
                 self._flags().found(j, self.records.describe(j), err)
         raise BadSampleError(f"every sample of this split is unreadable ({n}): check the data")
 

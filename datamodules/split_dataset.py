@@ -60,6 +60,7 @@ def split_dataset(loaders, split: str) -> SampleDataset:
         with_paths=split == "predict",
         part_transforms=parts,
         with_parts=split in ("val", "test") and hasattr(records, "part_of"),
+        fields=None if split == "predict" else loaders.fields,
     )
     if parts and not isinstance(loaders.collate, PadCollate):
         check_part_sizes(dataset, own)
@@ -75,7 +76,8 @@ def check_part_sizes(dataset: SampleDataset, own: dict) -> None:
     for k, name in enumerate(records.names):
         first = int(records.offsets[k])
         if first < int(records.offsets[k + 1]):
-            image = dataset[(first, 0)][0]
+            sample = dataset[(first, 0)]
+            image = sample[dataset.fields.input] if isinstance(sample, dict) else sample[0]
             shapes[name] = (tuple(image.shape), k in own)
     if len({shape for shape, _ in shapes.values()}) > 1:
         said = ", ".join(

@@ -1,7 +1,8 @@
 """RecordSet: the per-split view a dataset reads samples through.
 
 The contract (see DESIGN.md): ``len``, ``records[i] -> (payload, label)`` and ``describe(i) -> str``
-(the sample's path, for error messages). A RecordSet pickles as paths and numbers, never the sample
+(the sample's path, for error messages). A source that declares named fields (``fields``, see
+``fields.py``) reads ``records[i] -> {field: value}`` instead. A RecordSet pickles as paths and numbers, never the sample
 list, and opens memory maps lazily in the process that reads.
 """
 
@@ -17,6 +18,13 @@ import numpy as np
 
 from feedline.conf.rebuild import Rebuildable
 from feedline.moved import old_names
+
+
+class BadInput(ValueError):
+    """A sample's data is wrong (a value that does not parse, a file that does not fit its table): raise it,
+    or a subclass, from a source's ``read``, and ``data.on_bad_sample`` decides (skip it and name it, or stop
+    naming it). Any other exception from a source stops the run: it is a bug, not bad data. ``OSError``
+    (a file that cannot be read) counts as bad input too."""
 
 
 @runtime_checkable

@@ -64,18 +64,18 @@ class PooledBatch(Batch):
     frees it. It behaves as a ``Batch``; unpickled in the main process it becomes a plain ``Batch``."""
 
     def __reduce__(self):
-        fields = (self.image, self.label, self.mask, self.paths, self.part)
-        if not hasattr(self, "_flags"):  # made by replace(): its slot stays taken, the data is safe
-            return Batch, fields
-        return _received, (fields, self._flags, self._slot)
+        if "_flags" not in self.__dict__:  # made by replace(): its slot stays taken, the data is safe
+            return super().__reduce__()
+        return _received, (self._data, self._x, self._y, self._flags, self._slot, self._in_segment)
 
 
-def _received(fields, flags: torch.Tensor, slot: int) -> Batch:
-    batch = Batch(*fields)
+def _received(data: dict, x: str, y: str, flags: torch.Tensor, slot: int, in_segment: str | None) -> Batch:
+    batch = Batch.of(data, x, y)
     # The labels rode in the image's segment; a copy of their few bytes lets a caller keep labels
     # (metrics often do) without keeping the whole segment, and its slot, alive.
-    batch.label = batch.label.clone()
-    weakref.finalize(batch.image.untyped_storage(), _release, flags, slot)
+    if in_segment is not None:
+        setattr(batch, in_segment, batch[in_segment].clone())
+    weakref.finalize(batch[x].untyped_storage(), _release, flags, slot)
     return batch
 
 
@@ -125,8 +125,9 @@ class BatchPool:
         def finish(batch: Batch) -> Batch:
             if slot is None:
                 return batch
-            pooled = PooledBatch(batch.image, batch.label, batch.mask, batch.paths)
+            pooled = PooledBatch.of(dict(batch.items()), batch.x_name, batch.y_name)
             pooled._flags, pooled._slot = self._flags, slot
+            pooled._in_segment = batch.y_name if labels else None
             return pooled
 
         return image, label, finish

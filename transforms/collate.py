@@ -14,6 +14,7 @@ from feedline.conf.rebuild import Rebuildable
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import BatchPool, empty
 from feedline.transforms.deferred import PendingCrop
+from feedline.transforms.field_collate import SampleLayout, collate_fields, infer_layout
 
 __all__ = ["Batch", "Collate", "DefaultCollate", "PadCollate", "Uint8Collate", "WithPaths"]
 
@@ -21,7 +22,19 @@ __all__ = ["Batch", "Collate", "DefaultCollate", "PadCollate", "Uint8Collate", "
 class Collate(Rebuildable):
     """A collate: ``__call__(samples) -> Batch``. The datamodule takes any callable (a function too);
     feedline's collates inherit from this class so LightningCLI can offer them as ``--data.collate``
-    choices (it declares no ``__call__`` itself: jsonargparse would then pass the class, not an instance)."""
+    choices (it declares no ``__call__`` itself: jsonargparse would then pass the class, not an instance).
+
+    Samples of named fields (dicts, ``datasets/fields.py``) are stacked per kind (``field_collate.py``); the
+    datamodule tells the collate their layout through ``bind`` (without it, kinds are read from the values)."""
+
+    layout: SampleLayout | None = None
+
+    def bind(self, layout: SampleLayout | None) -> None:
+        """The fields of the samples this collate will stack (None: image and class, as tuples)."""
+        self.layout = layout
+
+    def _layout(self, samples) -> SampleLayout:
+        return self.layout if self.layout is not None else infer_layout(samples[0])
 
     @classmethod
     def __subclasshook__(cls, other):
@@ -46,6 +59,8 @@ class DefaultCollate(Collate):
     """torch's ``default_collate``, returned as a ``Batch``."""
 
     def __call__(self, samples) -> Batch:
+        if isinstance(samples[0], dict):
+            return collate_fields(samples, self._layout(samples))
         try:
             image, label = default_collate(samples)
         except RuntimeError as err:
@@ -76,6 +91,8 @@ class Uint8Collate(Collate):
         self._pool = BatchPool(slots=8 if reuse_buffers else 0)
 
     def __call__(self, samples) -> Batch:
+        if isinstance(samples[0], dict):
+            return self._fields(samples)
         first = samples[0][0]
         for image, _ in samples:
             if image.shape != first.shape:
@@ -99,6 +116,30 @@ class Uint8Collate(Collate):
         label.copy_(_labels(samples))
         return finish(Batch(out, label))
 
+    def _fields(self, samples) -> Batch:
+        """Samples of named fields: the input image into a pooled segment, the other fields per kind."""
+        layout = self._layout(samples)
+        images = [s[layout.x] for s in samples]
+        first = images[0]
+        if any(image.shape != first.shape for image in images):
+            raise RuntimeError(
+                f"collate=uint8 got images of shapes {tuple(first.shape)} and "
+                f"{next(tuple(i.shape) for i in images if i.shape != first.shape)}. {_SIZE_HINT}"
+            )
+        channels_last = _is_channels_last(first)
+        c, h, w = first.shape
+        shape = (len(images), h, w, c) if channels_last else (len(images), c, h, w)
+        out, _, finish = self._pool.batch(shape, first.dtype, 0)
+        if channels_last:
+            out = out.permute(0, 3, 1, 2)
+
+        def into(values):
+            for k, image in enumerate(values):
+                out[k].copy_(image)
+            return out
+
+        return finish(collate_fields(samples, layout, image_into=into))
+
 
 class PadCollate(Collate):
     """Variable-sized samples -> one batch padded to the largest, with a mask that is True on real data.
@@ -116,6 +157,8 @@ class PadCollate(Collate):
         return -(-n // self.multiple_of) * self.multiple_of
 
     def __call__(self, samples) -> Batch:
+        if isinstance(samples[0], dict):
+            return collate_fields(samples, self._layout(samples), padding=(self.pad_value, self.multiple_of))
         items = [s[0] for s in samples]
         first = items[0]
         if first.dim() == 3:
@@ -182,6 +225,11 @@ class WithParts(Collate):
         self.collate = collate
 
     def __call__(self, samples) -> Batch:
+        if isinstance(samples[0], dict):  # named fields: each sample holds its part, which the collate stacks
+            batch = self.collate(samples)
+            if isinstance(batch, Batch) and batch.part is None:
+                batch.part = torch.as_tensor([s["part"] for s in samples], dtype=torch.int64)
+            return batch
         batch = self.collate([s[:2] for s in samples])
         if not isinstance(batch, Batch):
             raise TypeError(

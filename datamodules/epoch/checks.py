@@ -33,6 +33,7 @@ CHECKED = {
     "classes": "classes",
     "class_names": "class names (a digest of the class list in label order; a mix: and each part's class_map)",
     "split": "train split (digest of its sample rows)",
+    "fields": "sample fields (a digest of their names, kinds, columns and class lists; a table: and its content)",
     "split_seed": "source.seed",
     "order": "train order (shards: source.window over the chunks; a mix: its parts and what each gives an epoch)",
     "val_fraction": "source.val_fraction",
@@ -45,7 +46,7 @@ CHECKED = {
 # Recorded, so that a position counted in batches reads as samples, but free to change between save and resume.
 ELASTIC = ("batch_size", "world_size")
 # Checked only where the checkpoint records them: checkpoints written before they were recorded still resume.
-RECORDED_SINCE = ("class_names",)
+RECORDED_SINCE = ("class_names", "fields")
 
 
 def counted_in(source, split_digest: str, counts: dict, world_size: int, seed: int, drop_last: bool) -> dict:

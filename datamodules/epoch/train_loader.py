@@ -83,6 +83,8 @@ class TrainLoader:
             dataset.records, "order_identity", None
         )  # a source's own order: what it draws from
         counts["order"] = identity() if callable(identity) else None
+        content = getattr(dataset.records, "content_digest", None)  # a table's rows, beside the fields
+        counts["fields"] = self.fields.digest() + (f"/{content()}" if callable(content) else "")
         return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
 
     def _fit_progress(self) -> tuple[int, int] | None:

@@ -1,0 +1,108 @@
+"""A record of named fields -> a sample the transform stack moves together (``datasets/fields.py``).
+
+Images become ``tv_tensors.Image`` and masks ``tv_tensors.Mask``: torchvision v2 dispatches on those types, so
+one stack crops, resizes and flips a mask with its image (nearest-neighbour for the mask) and leaves the other
+fields alone. Class lists become multi-hot vectors here, so the collate only stacks.
+
+The reduced-size JPEG decode applies where the image is the only spatial field: with a mask beside it, the
+mask would no longer line up, so both decode at full size.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from torchvision import tv_tensors
+
+from feedline.datasets.fields import SPATIAL, Fields
+from feedline.transforms.decode import DecodeError, decode
+from feedline.transforms.field_collate import SampleLayout
+from feedline.transforms.masks import decode_mask
+
+
+class FieldDecoder:
+    """``record -> sample``: each field decoded by its kind, a mask checked against its image's size. Bad
+    values raise ``DecodeError`` naming the field; ``SampleDataset`` names the sample and applies
+    ``data.on_bad_sample``."""
+
+    def __init__(self, fields: Fields):
+        self.fields = fields
+        self.kinds = [(f.name, f.kind, len(f.classes or ())) for f in fields.values()]
+        self.single_spatial = len(fields.of_kind(*SPATIAL)) == 1
+
+    def layout(self) -> SampleLayout:
+        return layout_of(self.fields)
+
+    def __call__(self, record, floor=None, max_pixels: int | None = None) -> dict:
+        if not isinstance(record, dict):
+            raise TypeError(
+                f"a source with fields ({', '.join(self.fields)}) must read each sample as a dict of them, "
+                f"got a {type(record).__name__}"
+            )
+        sample = {}
+        size = None
+        for name, kind, count in self.kinds:
+            if name not in record:
+                raise DecodeError(f"field {name!r} is missing from the sample (it holds {', '.join(record)})")
+            value = record[name]
+            try:
+                if kind == "image":
+                    image = decode(value, floor if self.single_spatial else None, max_pixels)
+                    value = tv_tensors.Image(image)
+                elif kind == "mask":
+                    value = tv_tensors.Mask(decode_mask(value, max_pixels))
+                elif kind == "class":
+                    value = _class(value, count)
+                elif kind == "classes":
+                    value = _multi_hot(value, count)
+                elif kind == "number":
+                    value = float(value)
+                elif kind == "vector":
+                    value = torch.as_tensor(np.asarray(value, dtype=np.float32).reshape(-1))
+                elif kind == "text":
+                    value = value.decode() if isinstance(value, bytes) else str(value)
+                elif kind == "json":
+                    value = json.loads(value) if isinstance(value, (str, bytes)) else value
+            except DecodeError as err:
+                raise DecodeError(f"field {name!r}: {err}") from err
+            except (ValueError, TypeError) as err:
+                raise DecodeError(f"field {name!r} ({kind}): {err}") from err
+            if kind in SPATIAL:
+                here = tuple(value.shape[-2:])
+                if size is None:
+                    size = (name, here)
+                elif here != size[1]:
+                    raise DecodeError(
+                        f"field {name!r} is {here[1]}x{here[0]} but {size[0]!r} is {size[1][1]}x{size[1][0]}: "
+                        "a mask must have its image's size"
+                    )
+            sample[name] = value
+        return sample
+
+
+def _class(value, count: int) -> int:
+    label = int(value)
+    if count and not 0 <= label < count:
+        raise DecodeError(f"class index {label} is not in 0..{count - 1}")
+    return label
+
+
+def _multi_hot(value, count: int) -> torch.Tensor:
+    indices = torch.as_tensor(np.asarray(value, dtype=np.int64).reshape(-1))
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= count):
+        raise DecodeError(f"class indices {indices.tolist()} are not all in 0..{count - 1}")
+    hot = torch.zeros(count, dtype=torch.float32)
+    hot[indices] = 1.0
+    return hot
+
+
+def layout_of(fields: Fields) -> SampleLayout:
+    """What the collate needs to know of ``fields``: names and kinds, ``x``, ``y`` and each mask's pad value."""
+    return SampleLayout(
+        x=fields.input,
+        y=fields.target,
+        kinds=tuple((f.name, f.kind) for f in fields.values()),
+        ignore={f.name: f.ignore_index for f in fields.of_kind("mask")},
+    )
