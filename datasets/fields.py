@@ -31,15 +31,17 @@ RESERVED = (
     "valid",
     "paths",
     "part",
-    "x",
-    "y",
+    "x_name",
+    "y_name",
     "to",
     "pin_memory",
     "replace",
+    "apply",
     "keys",
     "items",
     "values",
     "get",
+    "of",
 )
 IGNORE_INDEX = 255  # a mask's "no class here" value: padding, and the void label of VOC-style masks
 
@@ -119,16 +121,23 @@ class Fields(Mapping):
         """The target's class list (the model's outputs); empty for a target without one."""
         return list(self[self.target].classes or ())
 
-    def identity(self) -> str:
-        """Names, kinds, columns and class lists, as text: what a resume compares (``digest``)."""
-        return (
-            "\n".join(
-                f"{f.name}\t{f.kind}\t{f.source_column}\t{f.ignore_index if f.kind == 'mask' else ''}\t"
-                + "\x1f".join(f.classes or ())
-                for f in self._fields.values()
-            )
-            + f"\ntarget\t{self.target}"
+    def identity(self, columns: bool = True) -> str:
+        """Names, kinds, columns and class lists, as text: what a resume compares (``digest``). Without
+        ``columns``: what a sample holds, wherever a table keeps it (the parts of a mix compare that)."""
+        lines = [
+            f"{f.name}\t{f.kind}\t{f.source_column if columns else ''}\t"
+            f"{f.ignore_index if f.kind == 'mask' else ''}\t" + "\x1f".join(f.classes or ())
+            for f in self._fields.values()
+        ]
+        return "\n".join([*lines, f"target\t{self.target}"])
+
+    def describe(self) -> str:
+        """The fields in words, for messages: ``image: image, mask: mask (3 classes); target mask``."""
+        said = ", ".join(
+            f"{f.name}: {f.kind}" + (f" ({len(f.classes)} classes)" if f.classes else "")
+            for f in self.values()
         )
+        return f"{said}; target {self.target}"
 
     def digest(self) -> str:
         return hashlib.blake2b(self.identity().encode(), digest_size=6).hexdigest()

@@ -40,19 +40,19 @@ def test_batches_unpack_as_x_y_and_lightning_sizes_them_without_a_warning(collat
     x, y = batch
     assert x is batch.image and y is batch.label and batch[0] is x and batch[1] is y
     assert x.shape[0] == y.shape[0] == 4 and y.dtype == torch.int64
-    assert (batch.mask is not None) == (collate == "pad")  # an attribute, never a tuple position
+    assert (batch.valid is not None) == (collate == "pad")  # an attribute, never a tuple position
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "could not infer the batch size" / "ambiguous collection"
         assert extract_batch_size(batch) == 4
     moved = move_data_to_device(batch, torch.device("cpu"))
-    assert isinstance(moved, Batch) and (moved.mask is not None) == (collate == "pad")
+    assert isinstance(moved, Batch) and (moved.valid is not None) == (collate == "pad")
 
 
 def test_a_pad_batch_keeps_its_mask_through_the_device_transfer():
     samples = [(torch.ones(3, 2, 2, dtype=torch.uint8), 0), (torch.ones(3, 3, 1, dtype=torch.uint8), 1)]
     batch = PadCollate()(samples)
     moved = batch.to("cpu")
-    assert moved.mask.tolist() == batch.mask.tolist() and moved.mask.shape == (2, 3, 2)
+    assert moved.valid.tolist() == batch.valid.tolist() and moved.valid.shape == (2, 3, 2)
 
 
 @pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])

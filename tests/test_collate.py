@@ -24,7 +24,7 @@ def _images(shapes, channels_last=False):
 def test_uint8_collate_stacks_exactly(channels_last):
     samples = _images([(8, 6)] * 5, channels_last)
     batch = Uint8Collate()(samples)
-    assert isinstance(batch, Batch) and batch.image.dtype == torch.uint8 and batch.mask is None
+    assert isinstance(batch, Batch) and batch.image.dtype == torch.uint8 and batch.valid is None
     assert torch.equal(batch.image, torch.stack([s[0] for s in samples]))
     assert batch.label.tolist() == [0, 1, 2, 0, 1]
     assert batch.image.is_contiguous(memory_format=torch.channels_last) == channels_last
@@ -38,26 +38,26 @@ def test_uint8_collate_names_mismatched_sizes():
 def test_pad_masks_cover_exactly_the_image():
     samples = _images([(5, 7), (9, 3), (6, 6)])
     batch = PadCollate(pad_value=0)(samples)
-    assert batch.image.shape == (3, 3, 9, 7) and batch.mask.shape == (3, 9, 7)
+    assert batch.image.shape == (3, 3, 9, 7) and batch.valid.shape == (3, 9, 7)
     for k, (image, _) in enumerate(samples):
         h, w = image.shape[1:]
-        assert batch.mask[k].sum() == h * w
-        assert batch.mask[k, :h, :w].all()
+        assert batch.valid[k].sum() == h * w
+        assert batch.valid[k, :h, :w].all()
         assert torch.equal(batch.image[k, :, :h, :w], image)
-        assert (batch.image[k][:, ~batch.mask[k]] == 0).all()
+        assert (batch.image[k][:, ~batch.valid[k]] == 0).all()
 
 
 def test_pad_rounds_up_to_a_multiple():
     batch = PadCollate(multiple_of=8)(_images([(5, 7), (9, 3)]))
     assert batch.image.shape[-2:] == (16, 8)
-    assert not batch.mask[:, 9:, :].any() and not batch.mask[:, :, 7:].any()
+    assert not batch.valid[:, 9:, :].any() and not batch.valid[:, :, 7:].any()
 
 
 def test_pad_sequences_through_pad_sequence():
     seqs = [(torch.arange(1, n + 1), n % 2) for n in (3, 1, 4)]
     batch = PadCollate(pad_value=-1)(seqs)
     assert batch.image.tolist() == [[1, 2, 3, -1], [1, -1, -1, -1], [1, 2, 3, 4]]
-    assert batch.mask.tolist() == [[True, True, True, False], [True, False, False, False], [True] * 4]
+    assert batch.valid.tolist() == [[True, True, True, False], [True, False, False, False], [True] * 4]
 
 
 def test_collates_pickle_for_spawn_workers():

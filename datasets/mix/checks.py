@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import unicodedata
 
+from feedline.datasets.fields import Fields, fields_of
 from feedline.datasets.overlap.same_data import Data, data_of, meet
 
 
@@ -127,3 +128,27 @@ def check_spellings(parts, names: list[list[str]]) -> None:
                     f"the other with {part.key}.class_map (its class: the other's name), or rename one"
                 )
             spellings.setdefault(name, part)
+
+
+def same_fields(parts) -> Fields | None:
+    """The fields every part's samples hold (None: image and class, each part's classes merged by name).
+    Parts whose samples hold other fields, or the same fields with other class lists, are refused by name:
+    a batch has one set of fields, and a mask's pixel values one meaning."""
+    each = [(part, fields_of(part.source)) for part in parts]
+    if all(fields.is_classification for _, fields in each):
+        return None
+    first, fields = each[0]
+    for part, other in each[1:]:
+        if other.identity(columns=False) != fields.identity(columns=False):
+            raise ValueError(
+                f"source.parts.{first.name} and source.parts.{part.name} hold different fields "
+                f"({fields.describe()} | {other.describe()}): the parts of a mix must give samples of the same "
+                "fields, kinds and class lists"
+            )
+    mapped = [part.name for part, _ in each if part.class_map or part.label is not None]
+    if mapped:
+        raise ValueError(
+            f"source.parts.{mapped[0]}: class_map and label relabel image-and-class samples; parts with named "
+            "fields must share their class lists as they are"
+        )
+    return fields

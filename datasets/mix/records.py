@@ -30,7 +30,14 @@ class MixRecords:
 
     def __getitem__(self, i: int):
         p = self.part_of(i)
-        payload, label = self.records[p][i - int(self.offsets[p])]
+        return self._mapped(p, self.records[p][i - int(self.offsets[p])])
+
+    def _mapped(self, p: int, record):
+        """A part's record with its label mapped to the mix's classes; a record of named fields as it is
+        (the parts share their class lists: ``checks.same_fields``)."""
+        if isinstance(record, dict):
+            return record
+        payload, label = record
         return payload, int(self.maps[p][label]) if label >= 0 else label
 
     def getitems(self, indices) -> list:
@@ -42,8 +49,8 @@ class MixRecords:
             local = [int(indices[k]) - int(self.offsets[p]) for k in at]
             getitems = getattr(self.records[p], "getitems", None)
             got = getitems(local) if getitems is not None else [self.records[p][j] for j in local]
-            for k, (payload, label) in zip(at, got):
-                out[k] = (payload, int(self.maps[p][label]) if label >= 0 else label)
+            for k, record in zip(at, got):
+                out[k] = self._mapped(p, record)
         return out
 
     def describe(self, i: int) -> str:

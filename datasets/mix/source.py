@@ -19,7 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from feedline.datasets.mix.checks import check_parts
+from feedline.datasets.fields import Fields
+from feedline.datasets.mix.checks import check_parts, same_fields
 from feedline.datasets.mix.order import quotas
 from feedline.datasets.mix.parts import Part, _count, _named, merge_classes
 from feedline.datasets.mix.records import MixRecords
@@ -66,6 +67,11 @@ class MixSource(Source):
     @property
     def classes(self) -> list[str]:
         return self._classes()[0]
+
+    @property
+    def fields(self) -> Fields | None:
+        """The parts' fields, which must be the same (None: image and class, whose class lists merge)."""
+        return same_fields(self.parts)
 
     def part_transforms(self) -> dict[int, Any]:
         """Each part's own per-sample train stack (a list of transforms), where it has one ([]: none)."""
