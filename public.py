@@ -38,6 +38,7 @@ PUBLIC = {
         "ShardsSource": "feedline.datasets.shards.source",
         "WdsSource": "feedline.datasets.wds.source",
         "MixSource": "feedline.datasets.mix.source",
+        "ManifestSource": "feedline.datasets.manifest.source",
     },
     "feedline.datamodules": {
         "ImageDataModule": "feedline.datamodules.image",

@@ -16,6 +16,7 @@ def register() -> None:
         FolderOptions,
         HDF5Options,
         LazyFolderOptions,
+        ManifestOptions,
         ShardsOptions,
         WdsOptions,
     )
@@ -32,6 +33,7 @@ def register() -> None:
         "hdf5": HDF5Options,
         "shards": ShardsOptions,
         "wds": WdsOptions,
+        "manifest": ManifestOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imp
     from feedline.datasets.folder.lazy import LazyFolderSource
     from feedline.datasets.folder.source import FolderSource
     from feedline.datasets.hdf5.source import HDF5Source
+    from feedline.datasets.manifest.source import ManifestSource
     from feedline.datasets.mix.source import MixSource
     from feedline.datasets.records import BadInput, RecordSet, Source
     from feedline.datasets.shards.source import ShardsSource
@@ -28,5 +29,6 @@ __all__ = [
     "ShardsSource",
     "WdsSource",
     "MixSource",
+    "ManifestSource",
 ]
 __getattr__, __dir__ = _exports(__name__)

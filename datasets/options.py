@@ -92,3 +92,19 @@ class WdsOptions:
     seed: int = 0
     label_key: str = "label"  # the field of <key>.json holding the label (a <key>.cls is read first)
     cache_dir: Optional[str] = None  # noqa: UP045 - where the tar index and the split arrays are kept
+
+
+@dataclass
+class ManifestOptions:
+    _target_: str = "feedline.datasets.ManifestSource"
+    path: str = REQUIRED  # the table: .csv, .tsv, .parquet, or a "path label" .txt list
+    root: Optional[str] = None  # noqa: UP045 - where relative paths start; null: the table's folder
+    # field -> {column, kind, classes, ignore_index, separator}; null: columns image and label (a .txt: path, label)
+    fields: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045
+    target: Optional[str] = None  # noqa: UP045 - the field that is y in x, y = batch; null: label, or the one non-image field
+    val_path: Optional[str] = None  # noqa: UP045 - another table (the same fields) for validation
+    val_fraction: float = 0.1  # else: a seeded share of path, stratified on a class target
+    test_path: Optional[str] = None  # noqa: UP045 - another table for trainer.test
+    test_fraction: float = 0.0  # else: a seeded share of path held out for test
+    seed: int = 0
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the index and the splits are kept

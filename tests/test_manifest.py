@@ -1,0 +1,178 @@
+"""source=manifest: a table of samples (CSV, TSV, Parquet, a ``path label`` list) read as named fields."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from feedline.datamodules.loaders import ImageLoaders
+from feedline.datasets import ManifestSource
+from feedline.transforms.collate import DefaultCollate
+from feedline.transforms.stacks import TransformStacks
+
+CLASSES = ("cat", "dog", "eel")
+SEGMENTATION = {
+    "image": {"column": "image", "kind": "image"},
+    "mask": {"column": "mask", "kind": "mask", "classes": ["background", "circle", "square"]},
+    "id": {"column": "id", "kind": "number"},
+}
+
+
+def _samples(root, n: int = 12) -> list[dict]:
+    """``n`` tiny images whose red channel is the row number, each with a mask of class indices 0..2."""
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(n):
+        Image.new("RGB", (16, 12), (i, 7, 9)).save(root / "img" / f"{i}.png")
+        mask = np.full((12, 16), i % 3, dtype=np.uint8)
+        Image.fromarray(mask).save(root / "img" / f"{i}_mask.png")
+        rows.append(
+            {
+                "image": f"img/{i}.png",
+                "mask": f"img/{i}_mask.png",
+                "id": str(i),
+                "label": CLASSES[i % 3],
+                "tags": " ".join(CLASSES[: i % 3 + 1]),
+                "emb": json.dumps([i, i + 0.5]),
+                "caption": f"sample {i}",
+                "meta": json.dumps({"i": i}),
+            }
+        )
+    return rows
+
+
+def _write(path, rows: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif suffix == ".txt":
+        path.write_text("".join(f"{r['image']} {r['label']}\n" for r in rows))
+    else:
+        sep = "\t" if suffix == ".tsv" else ","
+        lines = [sep.join(rows[0])] + [sep.join(_quoted(v, sep) for v in r.values()) for r in rows]
+        path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _quoted(value: str, sep: str) -> str:
+    return '"' + value.replace('"', '""') + '"' if sep in value or '"' in value else value
+
+
+def _source(table, **kwargs) -> ManifestSource:
+    kwargs.setdefault("val_fraction", 0.0)
+    return ManifestSource(str(table), **kwargs)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".parquet"])
+def test_each_table_format_reads_the_same_samples(tmp_path, suffix):
+    rows = _samples(tmp_path)
+    fields = {
+        "image": "image",
+        "label": {"kind": "class"},
+        "id": "number",
+        "tags": "classes",
+        "emb": "vector",
+    }
+    source = _source(_write(tmp_path / f"train{suffix}", rows), fields=fields, target="label")
+    source.prepare()
+    records = source.split("train")
+    assert source.classes == list(CLASSES) and len(records) == len(rows)
+    for i in (0, 5, 11):
+        record = records[i]
+        assert bytes(record["image"]) == (tmp_path / rows[i]["image"]).read_bytes()
+        assert CLASSES[record["label"]] == rows[i]["label"] and record["id"] == float(i)
+        assert record["tags"].tolist() == list(range(i % 3 + 1))
+        assert record["emb"].tolist() == [i, i + 0.5] and record["emb"].dtype == np.float32
+
+
+def test_a_path_label_list_reads_as_classification(tmp_path):
+    rows = _samples(tmp_path, 8)
+    for r in rows:
+        r["label"] = str(int(r["id"]) % 3 * 4)  # class numbers: 0, 4, 8
+    source = _source(_write(tmp_path / "val.txt", rows))
+    source.prepare()
+    records = source.split("train")
+    assert source.fields.target == "label" and source.fields["image"].column == "path"
+    assert source.classes == [str(c) for c in range(9)]  # "0".."max", as ImageNet's labels number them
+    assert [records[i]["label"] for i in range(4)] == [0, 4, 8, 0]
+    assert records.describe(2).endswith(f"val.txt row 3 ({tmp_path / 'img' / '2.png'})")
+
+
+def test_class_names_without_a_list_are_sorted_like_imagefolder(tmp_path):
+    rows = _samples(tmp_path, 6)
+    source = _source(_write(tmp_path / "train.csv", rows))  # columns image and label: the shorthand
+    assert source.classes == sorted(CLASSES)
+    assert source.fields.target == "label" and source.fields["image"].kind == "image"
+
+
+def test_the_issues_yaml_composes_and_reads_segmentation_batches(tmp_path, make_cfg):
+    from hydra.utils import instantiate
+
+    rows = _samples(tmp_path / "data", 8)
+    table = _write(tmp_path / "data" / "train.csv", rows)
+    experiment = tmp_path / "conf" / "experiment" / "seg.yaml"
+    experiment.parent.mkdir(parents=True)
+    experiment.write_text(
+        "# @package _global_\n"
+        "defaults: [{override /source: manifest}]\n"
+        "source:\n"
+        f"  path: {table}\n"
+        f"  root: {tmp_path / 'data'}\n"
+        "  fields:\n"
+        "    image: {column: image, kind: image}\n"
+        "    mask: {column: mask, kind: mask, classes: [background, circle, square]}\n"
+        "    id: {column: id, kind: number}\n"
+        "  target: mask\n"
+    )
+    cfg = make_cfg(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=seg")
+    source = instantiate(cfg.source)
+    assert isinstance(source, ManifestSource) and source.classes == ["background", "circle", "square"]
+    loaders = ImageLoaders(source, TransformStacks(), DefaultCollate(), batch_size=4, num_workers=0, seed=1)
+    loaders.prepare_data()
+    loaders.setup("fit")
+    batch = next(iter(loaders.train_dataloader()))
+    x, y = batch
+    assert x.dtype == torch.uint8 and x.shape[1:] == (3, 12, 16)
+    assert y is batch.mask and y.dtype == torch.uint8 and y.shape[1:] == (12, 16)
+    assert batch.id.dtype == torch.float32
+    for image, mask, i in zip(batch.image, batch.mask, batch.id):  # the fields of one row stay together
+        assert int(image[0, 0, 0]) == int(i) and bool((mask == int(i) % 3).all())
+
+
+def test_every_kind_reaches_a_batch_through_workers(tmp_path):
+    rows = _samples(tmp_path, 8)
+    fields = {
+        "image": "image",
+        "mask": {"kind": "mask", "classes": ["a", "b", "c"]},
+        "label": {"kind": "class"},
+        "tags": {"kind": "classes"},
+        "id": "number",
+        "emb": "vector",
+        "caption": "text",
+        "meta": "json",
+    }
+    source = _source(_write(tmp_path / "train.parquet", rows), fields=fields, target="tags")
+    loaders = ImageLoaders(source, TransformStacks(), DefaultCollate(), batch_size=4, num_workers=2, seed=1)
+    loaders.prepare_data()
+    loaders.setup("fit")
+    batch = next(iter(loaders.train_dataloader()))
+    assert batch.image.shape == (4, 3, 12, 16) and batch.mask.shape == (4, 12, 16)
+    assert (
+        batch.label.dtype == torch.int64 and batch.tags.shape == (4, 3) and batch.tags.dtype == torch.float32
+    )
+    assert batch.id.dtype == torch.float32 and batch.emb.shape == (4, 2)
+    for i, caption, meta, tags in zip(batch.id.tolist(), batch.caption, batch.meta, batch.tags):
+        i = int(i)
+        assert (
+            caption == f"sample {i}"
+            and meta == {"i": i}
+            and tags.tolist() == [1.0] * (i % 3 + 1) + [0.0] * (2 - i % 3)
+        )
+    assert loaders.num_classes == 3 and loaders.fields.target == "tags"
