@@ -35,7 +35,10 @@ class FieldDecoder:
     def layout(self) -> SampleLayout:
         return layout_of(self.fields)
 
-    def __call__(self, record, floor=None, max_pixels: int | None = None) -> dict:
+    def __call__(self, record, floor=None, max_pixels: int | None = None, timings=None) -> dict:
+        """``timings`` (bench.py's stage breakdown): ``(clock, seconds)``; each field's decode time is added
+        to ``seconds`` under its stage: ``decode`` for the input image, ``decode <name>`` for another image
+        or a mask, ``fields`` for the rest together."""
         if not isinstance(record, dict):
             raise TypeError(
                 f"a source with fields ({', '.join(self.fields)}) must read each sample as a dict of them, "
@@ -47,6 +50,8 @@ class FieldDecoder:
             if name not in record:
                 raise DecodeError(f"field {name!r} is missing from the sample (it holds {', '.join(record)})")
             value = record[name]
+            if timings is not None:
+                t0 = timings[0]()
             try:
                 if kind == "image":
                     image = decode(value, floor if self.single_spatial else None, max_pixels)
@@ -69,6 +74,10 @@ class FieldDecoder:
                 raise DecodeError(f"field {name!r}: {err}") from err
             except (ValueError, TypeError) as err:
                 raise DecodeError(f"field {name!r} ({kind}): {err}") from err
+            if timings is not None:
+                clock, seconds = timings
+                stage = self.stage_of(name, kind)
+                seconds[stage] = seconds.get(stage, 0.0) + clock() - t0
             if kind in SPATIAL:
                 here = tuple(value.shape[-2:])
                 if size is None:
@@ -80,6 +89,11 @@ class FieldDecoder:
                     )
             sample[name] = value
         return sample
+
+    def stage_of(self, name: str, kind: str) -> str:
+        if kind in SPATIAL:
+            return "decode" if name == self.fields.input else f"decode {name}"
+        return "fields"
 
 
 def _class(value, count: int) -> int:

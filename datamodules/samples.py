@@ -117,11 +117,12 @@ class SampleDataset(Dataset):
         getitems = getattr(self.records, "getitems", None)
         return getitems(indices) if getitems is not None else [self.records[i] for i in indices]
 
-    def decode(self, payload, part: int | None = None):
+    def decode(self, payload, part: int | None = None, timings=None):
         """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it; a record of
-        named fields -> a dict of decoded fields (``sample_fields.py``)."""
+        named fields -> a dict of decoded fields (``sample_fields.py``; ``timings``: each field's time, for
+        bench.py)."""
         if self._field_decoder is not None:
-            return self._field_decoder(payload, self._floor_of(part), self.max_pixels)
+            return self._field_decoder(payload, self._floor_of(part), self.max_pixels, timings)
         return decode(payload, self._floor_of(part), self.max_pixels)
 
     def augment(self, image, part: int | None = None):

@@ -1,7 +1,9 @@
 """Where a sample's time goes: each stage of the pipeline timed apart, in this process, on a few items.
 
     read        the source's ``read_many``, a batch of indices at a time (a mix: each part's share apart)
-    decode      ``dataset.decode``: encoded bytes to pixels
+    decode      ``dataset.decode``: encoded bytes to pixels (samples of named fields: the input image's)
+    decode <f>  samples of named fields: another image or a mask ``f``, each its own stage
+    fields      samples of named fields: the other fields (classes, numbers, text) together
     transform   ``dataset.augment``: the per-sample transforms
     crop        a train stack's crop and flip that the collate finishes (``transforms/deferred.py``), timed
                 apart from the collate proper, so a stack folded into the collate is not taken for its cost
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from feedline.datamodules.bad_samples import BadSampleError
+from feedline.datasets.records import BadInput
 from feedline.transforms.decode import DecodeError
 from feedline.transforms.deferred import PendingCrop
 
@@ -84,29 +87,41 @@ def breakdown(
                 parts.setdefault(p, dict.fromkeys(("items", "read", "decode", "transform"), 0.0))["read"] += (
                     spent
                 )
-        for i, (payload, label) in items:
+        for i, record in items:
             p = part_of(i) if part_of is not None else None
+            named = getattr(dataset, "fields", None) is not None
+            payload, label = (record, None) if named else record
+            spent: dict[str, float] = {}
             t1 = clock()
             try:
-                image = dataset.decode(payload) if p is None else dataset.decode(payload, p)
-            except (OSError, DecodeError) as err:
+                if named:
+                    image = dataset.decode(payload, p, timings=(clock, spent))
+                else:
+                    image = dataset.decode(payload) if p is None else dataset.decode(payload, p)
+            except (OSError, DecodeError, BadInput) as err:
                 dataset.bad_sample(i, err)
                 continue
             t2 = clock()
             good.append(i)
             image = dataset.augment(image) if p is None else dataset.augment(image, p)
             t3 = clock()
-            seconds["decode"] += t2 - t1
+            for stage, s in (spent or {"decode": t2 - t1}).items():  # a sample of fields: each its own stage
+                seconds[stage] = seconds.get(stage, 0.0) + s
             seconds["transform"] += t3 - t2
             if p is not None:
                 parts[p]["items"] += 1
                 parts[p]["decode"] += t2 - t1
                 parts[p]["transform"] += t3 - t2
-            payload_bytes += _nbytes(payload)
+            if named:  # what the decoders read: the images' and masks' bytes
+                spatial = [v for v in payload.values() if isinstance(v, (bytes, np.ndarray))]
+                payload_bytes += sum(_nbytes(v) for v in spatial)
+                payload = payload[dataset.fields.input]
+            else:
+                payload_bytes += _nbytes(payload)
             kind = payload_format(payload)
             formats[kind] = formats.get(kind, 0) + 1
-            samples.append((image, label))
-    deferred = any(isinstance(image, PendingCrop) for image, _ in samples)
+            samples.append(image if named else (image, label))
+    deferred = any(isinstance(sample[0], PendingCrop) for sample in samples if isinstance(sample, tuple))
     for chunk in _chunks(samples, batch_size):
         t0 = clock()
         batch = collate(chunk)
@@ -146,7 +161,8 @@ def breakdown(
         "formats": formats,  # items per payload format (payload_format): the advice has to fit them
         "stages_run": [
             stage for stage in STAGES if (stage != "ipc" or shipped) and (stage != "crop" or deferred)
-        ],
+        ]
+        + [stage for stage in seconds if stage not in STAGES],  # samples of named fields: masks, fields
         "parts": _per_part(parts, getattr(dataset, "records", None)),
     }
 
@@ -158,10 +174,11 @@ def _warm_up(dataset, indices: list[int], part_of) -> None:
     0.14 against 0.014 ms a read). An item that fails is left to the timed pass, which names it."""
     for p, group in _by_part(indices, part_of):
         try:
-            payload, _ = dataset.read_many(group[:1])[0]
+            record = dataset.read_many(group[:1])[0]
+            payload = record if isinstance(record, dict) else record[0]
             image = dataset.decode(payload) if p is None else dataset.decode(payload, p)
             dataset.augment(image) if p is None else dataset.augment(image, p)
-        except (OSError, DecodeError):
+        except (OSError, DecodeError, BadInput):
             pass
 
 

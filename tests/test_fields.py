@@ -220,3 +220,14 @@ def test_a_batch_is_a_mapping_that_unpacks_moves_and_pickles():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Uint8Collate()([(torch.zeros(3, 2, 2, dtype=torch.uint8), 0)]).mask is None
+
+
+def test_bench_times_a_masks_decode_as_its_own_stage():
+    from feedline.diagnostics.loader_bench import stage_breakdown
+
+    dm = loaders(PixelSource(8))
+    dm.setup("fit")
+    result = stage_breakdown(dm.datasets["train"], dm.collate, list(range(8)), batch_size=4)
+    assert result["items"] == 8 and result["formats"] == {"png": 8}
+    assert {"decode", "decode mask", "fields", "transform", "collate"} <= set(result["stages_run"])
+    assert all(result["per_sample_s"][stage] > 0 for stage in ("decode", "decode mask", "fields"))
