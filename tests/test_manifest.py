@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +14,7 @@ from PIL import Image
 
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datasets import ManifestSource
+from feedline.datasets.manifest import index as manifest_index
 from feedline.transforms.collate import DefaultCollate
 from feedline.transforms.stacks import TransformStacks
 
@@ -176,3 +178,134 @@ def test_every_kind_reaches_a_batch_through_workers(tmp_path):
             and tags.tolist() == [1.0] * (i % 3 + 1) + [0.0] * (2 - i % 3)
         )
     assert loaders.num_classes == 3 and loaders.fields.target == "tags"
+
+
+def _bad(tmp_path, rows, fields=None, suffix=".csv"):
+    kwargs = {"fields": fields, "target": "label"} if fields else {}
+    source = _source(_write(tmp_path / f"bad{suffix}", rows), **kwargs)
+    with pytest.raises(ValueError) as err:
+        source.prepare()
+    return str(err.value)
+
+
+def test_a_missing_column_is_named_with_the_columns_there(tmp_path):
+    rows = _samples(tmp_path, 4)
+    message = _bad(tmp_path, rows, {"image": "image", "label": {"column": "species", "kind": "class"}})
+    assert "bad.csv has no column 'species'" in message and "source.fields.label.column" in message
+    assert "image, mask, id, label" in message  # the columns it has
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "fields", "said"),
+    [
+        ("image", "img/missing.png", None, "missing.png does not exist"),
+        ("label", "wolf", {"image": "image", "label": {"kind": "class", "classes": list(CLASSES)}}, "'wolf'"),
+        ("tags", "[cat, dog", {"image": "image", "label": "class", "tags": "classes"}, "does not parse"),
+        (
+            "tags",
+            "cat wolf",
+            {"image": "image", "label": "class", "tags": {"kind": "classes", "classes": list(CLASSES)}},
+            "'wolf'",
+        ),
+        ("id", "seven", {"image": "image", "label": "class", "id": "number"}, "'seven' is not a number"),
+        ("emb", "[1, x]", {"image": "image", "label": "class", "emb": "vector"}, "does not parse"),
+        ("meta", "{i: 1}", {"image": "image", "label": "class", "meta": "json"}, "is not JSON"),
+    ],
+)
+def test_a_bad_cell_is_named_by_table_row_and_column(tmp_path, column, value, fields, said):
+    rows = _samples(tmp_path, 5)
+    rows[2][column] = value
+    message = _bad(tmp_path, rows, fields)
+    assert f"bad.csv row 3 (rows count from 1, the header not counted), column {column!r}" in message
+    assert said in message
+
+
+def test_an_empty_table_is_named(tmp_path):
+    (tmp_path / "empty.csv").write_text("image,label\n")
+    with pytest.raises(ValueError, match=r"empty\.csv holds no samples"):
+        _source(tmp_path / "empty.csv").prepare()
+
+
+def test_the_index_is_reused_and_rebuilt_when_the_table_changes(tmp_path, monkeypatch):
+    rows = _samples(tmp_path, 6)
+    table = _write(tmp_path / "train.csv", rows)
+    first = _source(table)
+    first.prepare()
+    before = first.content_digest()
+    built = []
+    real = manifest_index._build
+    monkeypatch.setattr(manifest_index, "_build", lambda *a: built.append(a) or real(*a))
+    _source(table).prepare()
+    assert built == []  # the cached index, mapped
+    rows[0]["label"], rows[1]["label"] = rows[1]["label"], rows[0]["label"]  # same size, other content
+    _write(tmp_path / "train.csv", rows)
+    again = _source(table)
+    again.prepare()
+    assert len(built) == 1 and again.content_digest() != before
+    assert again.split("train")[0]["label"] == CLASSES.index(rows[0]["label"])
+    assert again.split("train").content_digest() == again.content_digest()
+
+
+def test_records_pickle_as_paths_whatever_the_tables_length(tmp_path):
+    sizes = []
+    for n in (8, 40):
+        rows = _samples(tmp_path / str(n), n)
+        source = _source(_write(tmp_path / str(n) / "train.csv", rows), val_fraction=0.25)
+        records = source.split("train")
+        data = pickle.dumps(records)
+        sizes.append(len(data))
+        copy = pickle.loads(data)
+        assert copy[3]["label"] == records[3]["label"] and copy.describe(3) == records.describe(3)
+    assert sizes[1] - sizes[0] < 64 and sizes[1] < 2000  # a few bytes more for a longer path, not per row
+
+
+def test_splits_are_disjoint_seeded_and_stratified_on_a_class_target(tmp_path):
+    rows = _samples(tmp_path, 30)
+    table = _write(tmp_path / "train.csv", rows)
+    source = _source(table, val_fraction=0.2, test_fraction=0.1, seed=4)
+    parts = {name: source.split(name) for name in ("train", "val", "test")}
+    rows_of = {name: {r.row(i) for i in range(len(r))} for name, r in parts.items()}
+    assert set.union(*rows_of.values()) == set(range(30)) and sum(map(len, rows_of.values())) == 30
+    for name, share in (("val", 2), ("test", 1)):  # each class gives its share: 10 rows a class
+        labels = [parts[name][i]["label"] for i in range(len(parts[name]))]
+        assert sorted(labels) == sorted(list(range(3)) * share)
+    assert rows_of["val"] == {
+        _source(table, val_fraction=0.2, test_fraction=0.1, seed=4).split("val").row(i) for i in range(6)
+    }
+    other = _source(table, val_fraction=0.2, test_fraction=0.1, seed=5).split("val")
+    assert {other.row(i) for i in range(len(other))} != rows_of["val"]
+
+
+def test_a_split_on_a_number_target_is_seeded_at_random(tmp_path):
+    rows = _samples(tmp_path, 20)
+    table = _write(tmp_path / "train.csv", rows)
+    source = _source(table, fields={"image": "image", "id": "number"}, target="id", val_fraction=0.25, seed=1)
+    train, val = source.split("train"), source.split("val")
+    assert source.classes == [] and len(val) == 5 and len(train) == 15
+    assert not {train.row(i) for i in range(15)} & {val.row(i) for i in range(5)}
+    drawn = {
+        seed: set(
+            _source(
+                table, fields={"image": "image", "id": "number"}, target="id", val_fraction=0.25, seed=seed
+            )
+            .split("val")
+            .subset.array.tolist()
+        )
+        for seed in (1, 2)
+    }
+    assert drawn[1] == {val.row(i) for i in range(5)} and drawn[2] != drawn[1]  # seeded, not the last rows
+
+
+def test_val_path_is_read_with_the_train_tables_classes(tmp_path):
+    rows = _samples(tmp_path, 9)
+    train = _write(tmp_path / "train.csv", rows)
+    val = _write(tmp_path / "val.csv", rows[1:3])  # dog and eel only: indices as in train
+    source = _source(train, val_path=val)
+    source.prepare()
+    assert [source.split("val")[i]["label"] for i in range(2)] == [1, 2] and len(source.split("train")) == 9
+    wrong = [dict(rows[0], label="wolf")]
+    source = _source(train, val_path=_write(tmp_path / "val2.csv", wrong))
+    with pytest.raises(
+        ValueError, match=r"val2\.csv row 1 .*column 'label': class 'wolf' is not in the class list"
+    ):
+        source.prepare()
