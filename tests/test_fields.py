@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 from feedline.datamodules import ImageLoaders
 from feedline.datamodules.bad_samples import BadSampleError
 from feedline.datamodules.epoch.checks import ResumeError
-from feedline.datasets import Fields, MixSource
+from feedline.datasets import Field, Fields, MixSource
 from feedline.datasets.fields import fields_from_config
 from feedline.moved import MovedWarning
 from feedline.transforms import Batch, DefaultCollate, MixupCutmix, PadCollate, TransformStacks, Uint8Collate
@@ -231,3 +231,21 @@ def test_bench_times_a_masks_decode_as_its_own_stage():
     assert result["items"] == 8 and result["formats"] == {"png": 8}
     assert {"decode", "decode mask", "fields", "transform", "collate"} <= set(result["stages_run"])
     assert all(result["per_sample_s"][stage] > 0 for stage in ("decode", "decode mask", "fields"))
+
+
+def test_reduced_decode_serves_an_image_alone_and_turns_off_beside_a_mask():
+    from feedline.datamodules.sample_fields import FieldDecoder
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((256, 256, 3), np.uint8)).save(buffer, "JPEG")
+    jpeg = np.frombuffer(buffer.getvalue(), np.uint8)
+    captioned = Fields([Field("image", "image"), Field("caption", "text")], target="caption")
+
+    def floor(height, width):  # what a first transform of 64 px needs
+        return 64, 64
+
+    alone = FieldDecoder(captioned)({"image": jpeg, "caption": "c"}, floor=floor)
+    assert alone["image"].shape == (3, 64, 64) and alone["caption"] == "c"  # decoded at 1/4 scale
+    masked = FieldDecoder(Fields([Field("image", "image"), Field("mask", "mask")], target="mask"))
+    sample = masked({"image": jpeg, "mask": np.zeros((256, 256), np.uint8)}, floor=floor)
+    assert sample["image"].shape == (3, 256, 256) and sample["mask"].shape == (1, 256, 256)
