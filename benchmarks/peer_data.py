@@ -37,18 +37,24 @@ def _litdata_item(item):
 
 
 def ensure_litdata(tree: str, data_dir: str) -> str:
+    return optimize_once(
+        _litdata_item, samples(tree), os.path.join(data_dir, f"{os.path.basename(tree)}-litdata")
+    )
+
+
+def optimize_once(fn, inputs: list, root: str) -> str:
+    """``litdata.optimize`` of ``fn`` over ``inputs`` into ``root``, once (marked complete by a file beside it)."""
     import multiprocessing
 
     import litdata
 
-    root = os.path.join(data_dir, f"{os.path.basename(tree)}-litdata")
     if not os.path.exists(root + ".complete"):
         # optimize() sets the start method of the whole process (spawn unless told): keep the caller's
         method = multiprocessing.get_start_method(allow_none=True)
         try:
             litdata.optimize(
-                fn=_litdata_item,
-                inputs=samples(tree),
+                fn=fn,
+                inputs=inputs,
                 output_dir=root,
                 chunk_bytes="64MB",
                 num_workers=1,

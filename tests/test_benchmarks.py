@@ -174,3 +174,41 @@ def test_the_cpu_clock_counts_a_worker_alive_and_after_it_is_reaped():
     reaped = cpu_clock.tree_seconds(me, reaped=True)
     assert alive - before >= 0.3 and reaped - before >= 0.3 and reaped >= alive
     assert cpu_clock.tree_seconds(me) - before < 0.3  # without reaped: an ended child's CPU is gone
+
+
+def test_segmentation_benchmark_measures_each_row_on_the_same_pairs(tmp_path):
+    """benchmarks/segmentation.py's rows (the PIL + v2 anchor, feedline's manifest source, LitData's dict
+    samples) each load image and mask batches from the same pairs and are measured as the benchmark's fresh
+    processes measure them (``peers.child``, here in this process); the verdict judges feedline's ratio."""
+    import argparse
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    segmentation, peers = bench_module("segmentation"), bench_module("peers")
+    args = argparse.Namespace(images=8, data_dir=str(tmp_path), batch_size=2, workers=0, batches=1)
+    data = segmentation.prepare(args, list(segmentation.LOADERS))
+    pairs = bench_module("segmentation_data").pairs(data["table"])
+    assert len(pairs) == 8
+    for image, mask in pairs:  # a palette mask of its image's size, 4 classes
+        with Image.open(image) as photo, Image.open(mask) as classes:
+            assert classes.mode == "P" and classes.size == photo.size
+            assert 0 < np.asarray(classes).max() < 4
+    args.data = json.dumps(data)
+    for name, (_, _, build) in segmentation.LOADERS.items():
+        images, masks = next(iter(build(data, args)))
+        assert images.shape[-3:] == (3, 224, 224) and images.dtype == masks.dtype == torch.uint8, name
+        assert masks.shape[-2:] == (224, 224) and masks.max() < 4 and masks.numel() * 3 == images.numel(), (
+            name
+        )
+    runs = {name: [peers.child(name, args, segmentation.LOADERS)] for name in segmentation.LOADERS}
+    rows = segmentation.summarise(runs)
+    assert [row["loader"] for row in rows] == list(segmentation.LOADERS)
+    assert all(row["images_per_s"] > 0 and row["cpu_ms"] > 0 for row in rows)
+    ours = rows[1]["vs_anchor"]
+    assert rows[0]["vs_anchor"] == 1.0 and ours == rows[1]["cpu_ms"] / rows[0]["cpu_ms"]
+    met = "yes" if ours <= 0.5 else "no"
+    assert segmentation.verdict(rows) == [
+        f"feedline CPU per sample {ours:.2f}x the anchor's (target <= 0.50x): met: {met}"
+    ]
