@@ -42,7 +42,7 @@ def _samples(root, n: int = 12) -> list[dict]:
                 "label": CLASSES[i % 3],
                 "tags": " ".join(CLASSES[: i % 3 + 1]),
                 "emb": json.dumps([i, i + 0.5]),
-                "caption": f"sample {i}",
+                "caption": f"sample {i}, a caption\nof two lines",
                 "meta": json.dumps({"i": i}),
             }
         )
@@ -64,7 +64,7 @@ def _write(path, rows: list[dict]) -> str:
 
 
 def _quoted(value: str, sep: str) -> str:
-    return '"' + value.replace('"', '""') + '"' if sep in value or '"' in value else value
+    return '"' + value.replace('"', '""') + '"' if sep in value or '"' in value or "\n" in value else value
 
 
 def _source(table, **kwargs) -> ManifestSource:
@@ -81,6 +81,7 @@ def test_each_table_format_reads_the_same_samples(tmp_path, suffix):
         "id": "number",
         "tags": "classes",
         "emb": "vector",
+        "caption": "text",
     }
     source = _source(_write(tmp_path / f"train{suffix}", rows), fields=fields, target="label")
     source.prepare()
@@ -92,6 +93,7 @@ def test_each_table_format_reads_the_same_samples(tmp_path, suffix):
         assert CLASSES[record["label"]] == rows[i]["label"] and record["id"] == float(i)
         assert record["tags"].tolist() == list(range(i % 3 + 1))
         assert record["emb"].tolist() == [i, i + 0.5] and record["emb"].dtype == np.float32
+        assert record["caption"] == rows[i]["caption"]  # a comma and a line break inside a cell
 
 
 def test_a_path_label_list_reads_as_classification(tmp_path):
@@ -173,7 +175,7 @@ def test_every_kind_reaches_a_batch_through_workers(tmp_path):
     for i, caption, meta, tags in zip(batch.id.tolist(), batch.caption, batch.meta, batch.tags):
         i = int(i)
         assert (
-            caption == f"sample {i}"
+            caption == f"sample {i}, a caption\nof two lines"
             and meta == {"i": i}
             and tags.tolist() == [1.0] * (i % 3 + 1) + [0.0] * (2 - i % 3)
         )
@@ -309,3 +311,9 @@ def test_val_path_is_read_with_the_train_tables_classes(tmp_path):
         ValueError, match=r"val2\.csv row 1 .*column 'label': class 'wolf' is not in the class list"
     ):
         source.prepare()
+
+
+def test_a_mask_target_without_its_class_list_is_refused_by_key(tmp_path):
+    table = _write(tmp_path / "train.csv", _samples(tmp_path, 3))
+    with pytest.raises(ValueError, match=r"source\.fields\.mask: a mask target needs its class list"):
+        _source(table, fields={"image": "image", "mask": "mask"}, target="mask")

@@ -100,6 +100,12 @@ class ManifestSource(Source):
             replace(f, classes=None) if f.classes == _UNLISTED and plain[f.name].get("classes") is None else f
             for f in parsed.values()
         ]
+        target = parsed[parsed.target]
+        if target.kind == "mask" and target.classes is None:
+            raise ValueError(
+                f"source.fields.{target.name}: a mask target needs its class list, index = pixel value "
+                f"(source.fields.{target.name}.classes=[background, ...]): it is what the model predicts"
+            )
         return specs, parsed.target
 
     def _shorthand(self, target) -> tuple[list[Field], str]:

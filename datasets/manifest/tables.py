@@ -122,7 +122,7 @@ def _read_csv(path: str, delimiter: str) -> Table:
         table = pacsv.read_csv(
             path,
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),  # captions
             convert_options=pacsv.ConvertOptions(
                 column_types={n: pa.string() for n in names},
                 strings_can_be_null=False,
