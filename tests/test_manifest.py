@@ -317,3 +317,9 @@ def test_a_mask_target_without_its_class_list_is_refused_by_key(tmp_path):
     table = _write(tmp_path / "train.csv", _samples(tmp_path, 3))
     with pytest.raises(ValueError, match=r"source\.fields\.mask: a mask target needs its class list"):
         _source(table, fields={"image": "image", "mask": "mask"}, target="mask")
+
+
+def test_a_row_with_cells_missing_is_named(tmp_path):
+    (tmp_path / "ragged.csv").write_text("image,label\na.png,cat\nb.png\n")
+    with pytest.raises(ValueError, match=r"ragged\.csv does not read as a CSV table: row 2 .* has 1 cell"):
+        _source(tmp_path / "ragged.csv").prepare()

@@ -130,10 +130,22 @@ def _read_csv(path: str, delimiter: str) -> Table:
             ),
         )
     except (pa.ArrowInvalid, UnicodeDecodeError) as err:
-        raise TableError(
-            f"{path} does not read as a {'TSV' if delimiter == chr(9) else 'CSV'} table: {err}"
-        ) from None
+        kind = "TSV" if delimiter == "\t" else "CSV"
+        why = _ragged(path, delimiter, len(names)) or err
+        raise TableError(f"{path} does not read as a {kind} table: {why}") from None
     return Table(path, names, {n: table.column(n) for n in names}, table.num_rows)
+
+
+def _ragged(path: str, delimiter: str, width: int) -> str | None:
+    """The first row whose cells the header does not count (pyarrow names the row's text, not its number)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            for row, cells in enumerate(csv.reader(f, delimiter=delimiter)):
+                if row and len(cells) != width:
+                    return f"row {row} ({ROWS}) has {len(cells)} cell(s), the header names {width} columns"
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
 
 
 def _read_parquet(path: str, columns) -> Table:
