@@ -166,7 +166,7 @@ def print_table(rows: list[dict], missing: list[str]) -> None:
             f"| {against} |"
         )
     for name in missing:
-        print(f'| {name} | not installed (pip install ".[peers]") | | |')
+        print(f"| {name} | not installed (pip install litdata) | | |")
 
 
 def main(argv=None) -> dict:
