@@ -32,7 +32,7 @@ PACKAGES = (
     "transforms",
     "writers",
 )
-ENTRY_MODULES = ("train", "convert", "bench", "public", "moved")
+ENTRY_MODULES = ("train", "convert", "bench", "public", "moved", "testing")
 FAMILIES = tuple(
     f"feedline.datasets.{family}" for family in ("folder", "hdf5", "shards", "wds", "mix", "overlap")
 )

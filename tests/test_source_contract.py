@@ -2,7 +2,8 @@
 
 Every source reads the same tiny class-folder tree, in its own form: the tree itself (``folder``), its
 lazy layout, and its HDF5 conversions. Each must pickle small, give workers the very records the main
-process sees, split train/val/test disjointly and by seed, and follow the bad-sample policy.
+process sees, split train/val/test disjointly and by seed, and follow the bad-sample policy. The whole
+contract, resume included, is ``feedline.testing.check_source``: a user's own source passes the same check.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import pytest
 from torch.utils.data import DataLoader
 
 from feedline.datamodules.samples import BadSampleError, SampleDataset
+from feedline.datasets import Field, Fields, Source
 from feedline.datasets.folder.lazy import LazyFolderSource
 from feedline.datasets.folder.source import FolderSource
 from feedline.datasets.hdf5.source import HDF5Source
 from feedline.datasets.wds.source import WdsSource
+from feedline.testing import check_source
 from feedline.writers.hdf5 import convert_source
 from feedline.writers.lazy_layout import layout
 from feedline.writers.options import HDF5WriteOptions
-from tests.helpers import make_tree, simple_tree, write_tar
+from tests.helpers import image_bytes, make_tree, simple_tree, write_tar
 
 KINDS = ("folder", "lazy_folder", "hdf5", "hdf5_raw", "wds")
 PER_CLASS = 10
@@ -76,6 +79,59 @@ def make_source(kind: str, tmp_path, corrupt: int | None = None, counts: dict | 
 
 def rows(records) -> list[tuple[str, int]]:
     return [(records.describe(i), records[i][1]) for i in range(len(records))]
+
+
+class SquareFields(Source):
+    """A tiny source of named fields: an image with a square on it, its mask, the square's area, a caption."""
+
+    fields = Fields(
+        [
+            Field("image", "image"),
+            Field("mask", "mask", classes=("background", "square")),
+            Field("area", "number"),
+            Field("caption", "text"),
+        ],
+        target="mask",
+    )
+    classes = list(fields.classes)
+
+    def __init__(self, count: int = 16, seed: int = 0):
+        self.count, self.seed = count, seed
+
+    def prepare(self) -> None:
+        pass
+
+    def split(self, name: str) -> SquareRows:
+        if name not in ("train", "val"):
+            raise ValueError(f"no {name} split")
+        rows = np.random.default_rng(self.seed).permutation(self.count)
+        return SquareRows(rows[4:] if name == "train" else rows[:4])
+
+
+class SquareRows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        row = int(self.rows[i])
+        mask = np.zeros((20, 24), np.uint8)
+        mask[: 4 + row, : 4 + row] = 1
+        image = np.frombuffer(image_bytes(size=(24, 20), seed=row), np.uint8).copy()  # writable
+        return {"image": image, "mask": mask, "area": float(mask.mean()), "caption": f"square {row}"}
+
+    def describe(self, i: int) -> str:
+        return f"square {int(self.rows[i])}"
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "fields"])
+def test_every_source_keeps_the_whole_contract_that_check_source_checks(kind, tmp_path):
+    if kind == "fields":
+        check_source(SquareFields())
+    else:
+        check_source(make_source(kind, tmp_path, val_fraction=0.3, test_fraction=0.2, seed=1))
 
 
 @pytest.mark.parametrize("kind", KINDS)

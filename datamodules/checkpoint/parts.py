@@ -56,12 +56,34 @@ def build(value, key: str) -> tuple[Any, Any]:
             raise ValueError(
                 f"data.{key} has no _target_: pick one of feedline's groups ({key}=...) or name a class"
             )
+        check_arguments(plain, key)
         return instantiate(plain), without_secrets(current_targets(plain))
     rebuild = getattr(value, "rebuild_config", None)
     config = rebuild() if callable(rebuild) else None
     if config is not None:
         return value, without_secrets(config)
     return value, f"{DESCRIBED} {public_path(type(value))}: {value!r}"
+
+
+def check_arguments(plain: Mapping, key: str) -> None:
+    """Refuse, before anything is built, a part whose ``_target_`` does not take some of its keys: the
+    usual way there is ``source._target_=my.Source`` on the command line, which keeps the keys of the source
+    config it replaces (``root``, ``val_fraction``, ...). A class that takes ``**kwargs`` takes anything."""
+    from feedline.cli.trainer_keys import trainer_arguments  # any _target_'s argument names, or None
+
+    taken = trainer_arguments(plain)
+    unknown = [str(k) for k in plain if not str(k).startswith("_") and k not in (taken or ())]
+    if taken is None or not unknown:
+        return
+    target = plain["_target_"]
+    said = f"{key}._target_={target} does not take {', '.join(unknown)} (it takes {', '.join(taken) or 'nothing'})"
+    if key != "source":
+        raise ValueError(f"{said}: check the keys of data.{key}")
+    raise ValueError(
+        f"{said}. `source._target_=` on the command line keeps the keys of the source config it replaces: a "
+        f"source of your own gets a config of its own, conf/source/mine.yaml in your config dir (`_target_: "
+        f"{target}` and its own keys), picked with `--config-dir conf source=mine` (docs/own-source.md)"
+    )
 
 
 def unrebuildable(parts: dict) -> list[str]:
