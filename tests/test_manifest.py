@@ -323,3 +323,31 @@ def test_a_row_with_cells_missing_is_named(tmp_path):
     (tmp_path / "ragged.csv").write_text("image,label\na.png,cat\nb.png\n")
     with pytest.raises(ValueError, match=r"ragged\.csv does not read as a CSV table: row 2 .* has 1 cell"):
         _source(tmp_path / "ragged.csv").prepare()
+
+
+def test_images_a_parquet_table_holds_are_read_from_it(tmp_path):
+    """Parquet as Hugging Face writes it: an image column of bytes, or of {bytes, path} structs."""
+    rows = _samples(tmp_path, 6)
+    table = [
+        {
+            "image": (tmp_path / r["image"]).read_bytes(),
+            "mask": {"bytes": (tmp_path / r["mask"]).read_bytes(), "path": r["mask"]},
+            "id": float(r["id"]),
+        }
+        for r in rows
+    ]
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "embedded.parquet")
+    (tmp_path / "img").rename(tmp_path / "gone")  # nothing is read from the files
+    fields = {"image": "image", "mask": {"kind": "mask", "classes": ["a", "b", "c"]}, "id": "number"}
+    source = _source(tmp_path / "embedded.parquet", fields=fields, target="mask")
+    loaders = ImageLoaders(source, TransformStacks(), DefaultCollate(), batch_size=3, num_workers=0, seed=1)
+    loaders.prepare_data()
+    loaders.setup("fit")
+    batch = next(iter(loaders.train_dataloader()))
+    for image, mask, i in zip(batch.image, batch.mask, batch.id):
+        assert int(image[0, 0, 0]) == int(i) and bool((mask == int(i) % 3).all())
+    assert source.split("train").describe(1).endswith("embedded.parquet row 2 (its image held in the table)")
+    table[4]["image"] = None
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "mixed.parquet")
+    with pytest.raises(ValueError, match=r"mixed\.parquet row 5 .*column 'image': .* holds no encoded image"):
+        _source(tmp_path / "mixed.parquet", fields=fields, target="mask").prepare()

@@ -2,6 +2,7 @@
 
     kind            arrays (``<field>.<name>.npy``)                      a cell
     image, mask     ``text`` uint8 blob + ``offsets`` int64 (N+1)         a path, absolute or under source.root
+                    (Parquet: or ``bytes`` + ``offsets``)                 (or the encoded file: binary, {bytes, path})
     text, json      ``text`` + ``offsets`` (UTF-8)                        any text; json: JSON text
     class           ``labels`` int16/int32 (N,)                           a class name (or its index)
     classes         ``indices`` int32 + ``offsets`` int64 (N+1)           names split by the field's separator,
@@ -50,7 +51,7 @@ def paths(cells: list, root: str, where, bar=None) -> dict:
     """Each cell a file: relative paths start at ``root`` (absolute ones and ``..`` are the user's choice)."""
     texts = []
     for row, value in enumerate(cells):
-        text = _text(value)
+        text = _text(value.get("path") if isinstance(value, dict) else value)
         if not text:
             raise TableError(f"{where(row)}: the path is empty")
         if not os.path.isfile(os.path.join(root, text)):
@@ -67,6 +68,34 @@ def paths(cells: list, root: str, where, bar=None) -> dict:
         bar.update(len(cells) % 1024)
     blob, offsets = pack(texts)
     return {"text": blob, "offsets": offsets}
+
+
+def _image_bytes(value):
+    """A cell's encoded image, where the table holds it (Parquet: binary, or Hugging Face's {bytes, path})."""
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    return value if isinstance(value, (bytes, bytearray)) else None
+
+
+def is_embedded(cells: list) -> bool:
+    """Whether an image or mask column holds the encoded files themselves rather than their paths."""
+    return any(_image_bytes(value) is not None for value in cells)
+
+
+def embedded(cells: list, where) -> dict:
+    """Encoded images kept in the table: every cell must hold one (``bytes``: one blob + ``offsets``)."""
+    out = []
+    for row, value in enumerate(cells):
+        data = _image_bytes(value)
+        if data is None:
+            raise TableError(
+                f"{where(row)}: {_text(value)[:80]!r} holds no encoded image, where other rows of the column do "
+                "(a column holds the files themselves, or their paths: not both)"
+            )
+        out.append(bytes(data))
+    offsets = np.zeros(len(out) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, out), dtype=np.int64, count=len(out)), out=offsets[1:])
+    return {"bytes": np.frombuffer(b"".join(out), dtype=np.uint8), "offsets": offsets}
 
 
 def texts(cells: list, kind: str, where) -> dict:

@@ -2,8 +2,10 @@
 
     <cache_dir>/manifest/<table name>-<digest>/
         <field>.<array>.npy   the field's arrays (``columns.py``: paths and text as one uint8 blob + int64
-                              offsets, class indices, float64 numbers, float32 vectors)
-        meta.json             the table, its content digest, the rows, the fields and each one's class list,
+                              offsets, class indices, float64 numbers, float32 vectors; images a Parquet
+                              table holds itself: their bytes as one blob + offsets)
+        meta.json             the table, its content digest, the rows, each field's class list, the columns
+                              of embedded images,
                               written last with its own checksum: an index without it is never read
 
 The directory's digest hashes the table's path and content digest, ``source.root``, the fields as configured
@@ -39,6 +41,7 @@ ARRAYS = {
     "number": ("numbers",),
     "vector": ("vectors",),
 }
+EMBEDDED = ("bytes", "offsets")  # an image or mask column of encoded files (Parquet), not paths
 PROGRESS_ROWS = 10_000  # a table this long shows a progress bar while its paths are checked
 
 
@@ -51,17 +54,10 @@ def open_index(table: str, digest: str, root: str, specs: list[Field], cache_dir
     index = _load(directory, specs)
     if index is None:
         started = time.perf_counter()
-        arrays, classes, rows = _build(table, root, specs)
+        arrays, found, rows = _build(table, root, specs)
         for name, array in arrays.items():
             save_array(directory / f"{name}.npy", array)
-        meta = {
-            "format": FORMAT,
-            "table": table,
-            "digest": digest,
-            "root": root,
-            "rows": rows,
-            "classes": classes,
-        }
+        meta = {"format": FORMAT, "table": table, "digest": digest, "root": root, "rows": rows, **found}
         meta["checksum"] = json_checksum(meta)
         write_text(directory / "meta.json", json.dumps(meta, ensure_ascii=False))  # last
         index = _load(directory, specs)
@@ -78,7 +74,7 @@ def _build(table_path: str, root: str, specs: list[Field]) -> tuple[dict, dict, 
     table = read_table(table_path, {f.source_column for f in specs})
     for f in specs:
         table.require(f.source_column, f"source.fields.{f.name}.column")
-    arrays, classes = {}, {}
+    arrays, classes, embedded = {}, {}, []
     spatial = [f for f in specs if f.kind in SPATIAL]
     bar = None
     if spatial and table.rows >= PROGRESS_ROWS:
@@ -93,7 +89,12 @@ def _build(table_path: str, root: str, specs: list[Field]) -> tuple[dict, dict, 
                 return columns.cell(table_path, row, column)
 
             cells = table.column(column)
-            if f.kind in SPATIAL:
+            if f.kind in SPATIAL and columns.is_embedded(cells):
+                out = columns.embedded(cells, where)
+                embedded.append(f.name)
+                if bar is not None:
+                    bar.update(len(cells))
+            elif f.kind in SPATIAL:
                 out = columns.paths(cells, root, where, bar)
             elif f.kind in ("text", "json"):
                 out = columns.texts(cells, f.kind, where)
@@ -109,7 +110,7 @@ def _build(table_path: str, root: str, specs: list[Field]) -> tuple[dict, dict, 
     finally:
         if bar is not None:
             bar.close()
-    return arrays, classes, table.rows
+    return arrays, {"classes": classes, "embedded": embedded}, table.rows
 
 
 def _load(directory, specs: list[Field]) -> dict | None:
@@ -123,7 +124,7 @@ def _load(directory, specs: list[Field]) -> dict | None:
             raise ValueError("meta.json does not match its checksum")
         arrays = {}
         for f in specs:
-            for part in ARRAYS[f.kind]:
+            for part in EMBEDDED if f.name in meta["embedded"] else ARRAYS[f.kind]:
                 name = f"{f.name}.{part}"
                 reason = check_array(directory / f"{name}.npy")
                 if reason:

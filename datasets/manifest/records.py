@@ -28,6 +28,7 @@ class ManifestRecords(Records):
         self.table = index["meta"]["table"]
         self.rows = int(index["meta"]["rows"])
         self._content = index["meta"]["digest"]
+        self.embedded = frozenset(index["meta"]["embedded"])  # image fields whose bytes the table holds
 
     @property
     def total(self) -> int:
@@ -45,7 +46,10 @@ class ManifestRecords(Records):
     def read(self, row: int) -> dict:
         out = {}
         for name, kind in self.kinds:
-            if kind in ("image", "mask"):
+            if name in self.embedded:
+                offsets = self._array(f"{name}.offsets")
+                out[name] = np.array(self._array(f"{name}.bytes")[offsets[row] : offsets[row + 1]])
+            elif kind in ("image", "mask"):
                 out[name] = read_bytes(self.path(name, row))
             elif kind in ("text", "json"):
                 out[name] = self._text(name, row)
@@ -61,7 +65,8 @@ class ManifestRecords(Records):
         return out
 
     def where(self, row: int) -> str:
-        return f"{self.table} row {row + 1} ({self.path(self.image, row)})"
+        held = "its image held in the table" if self.image in self.embedded else self.path(self.image, row)
+        return f"{self.table} row {row + 1} ({held})"
 
     def content_digest(self) -> str:
         """The table's content, as 16 hex digits: a resume refuses a table that changed."""
