@@ -80,7 +80,13 @@ def _build(table_path: str, root: str, specs: list[Field]) -> tuple[dict, dict, 
     if spatial and table.rows >= PROGRESS_ROWS:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=table.rows * len(spatial), desc=f"checking {table_path}", unit="path", leave=False)
+        bar = tqdm(
+            total=table.rows * len(spatial),
+            desc=f"checking {table_path}",
+            unit="path",
+            delay=1.0,
+            leave=False,
+        )
     try:
         for f in specs:
             column = f.source_column
@@ -132,6 +138,7 @@ def _load(directory, specs: list[Field]) -> dict | None:
                 arrays[name] = LazyArray(directory / f"{name}.npy")
                 arrays[name].array  # noqa: B018 - mapped now: workers inherit this file, or refuse a new one
     except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning("the manifest index %s is damaged (%s); rebuilding it", directory, err)
+        why = f"{type(err).__name__}: {err}" if isinstance(err, KeyError) else err
+        log.warning("the manifest index %s is damaged (%s); rebuilding it", directory, why)
         return None
     return {"meta": meta, "arrays": arrays}
