@@ -35,6 +35,7 @@ PUBLIC = {
         "LazyFolderSource": "feedline.datasets.folder.lazy",
         "DigitsSource": "feedline.datasets.folder.digits",
         "HDF5Source": "feedline.datasets.hdf5.source",
+        "SegFolderSource": "feedline.datasets.folder.seg",
         "ShardsSource": "feedline.datasets.shards.source",
         "WdsSource": "feedline.datasets.wds.source",
         "MixSource": "feedline.datasets.mix.source",

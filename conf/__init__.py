@@ -17,6 +17,7 @@ def register() -> None:
         HDF5Options,
         LazyFolderOptions,
         ManifestOptions,
+        SegFolderOptions,
         ShardsOptions,
         WdsOptions,
     )
@@ -34,6 +35,7 @@ def register() -> None:
         "shards": ShardsOptions,
         "wds": WdsOptions,
         "manifest": ManifestOptions,
+        "seg_folder": SegFolderOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

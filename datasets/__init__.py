@@ -8,6 +8,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imp
     from feedline.datasets.fields import Field, Fields
     from feedline.datasets.folder.digits import DigitsSource
     from feedline.datasets.folder.lazy import LazyFolderSource
+    from feedline.datasets.folder.seg import SegFolderSource
     from feedline.datasets.folder.source import FolderSource
     from feedline.datasets.hdf5.source import HDF5Source
     from feedline.datasets.manifest.source import ManifestSource
@@ -26,6 +27,7 @@ __all__ = [
     "LazyFolderSource",
     "DigitsSource",
     "HDF5Source",
+    "SegFolderSource",
     "ShardsSource",
     "WdsSource",
     "MixSource",

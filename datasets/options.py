@@ -60,6 +60,11 @@ class HDF5Options:
     dtype: Optional[str] = None  # noqa: UP045 - uint8 (0..255) | float32 (0..1); null: from the file
     classes: Optional[List[str]] = None  # noqa: UP006, UP045 - names; null: from the file, else 0..max(label)
     cache_dir: Optional[str] = None  # noqa: UP045
+    # named fields: name -> {column: <dataset>, kind: ..., classes: [...]} (docs/sources/hdf5.md#named-fields);
+    # empty: the file's own (convert.py writes them), else images and labels (classification). A mapping, not
+    # null: OmegaConf cannot merge `+source.fields={...}` from the command line into a null
+    fields: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    target: Optional[str] = None  # noqa: UP045 - the field that is `y` in `x, y = batch`; null: the file's own
 
 
 @dataclass
@@ -108,3 +113,18 @@ class ManifestOptions:
     test_fraction: float = 0.0  # else: a seeded share of path held out for test
     seed: int = 0
     cache_dir: Optional[str] = None  # noqa: UP045 - where the index and the splits are kept
+
+
+@dataclass
+class SegFolderOptions:
+    _target_: str = "feedline.datasets.SegFolderSource"
+    root: str = REQUIRED  # root/images/<stem>.<ext> + root/masks/<stem>.png, or root/train/... (+ val/)
+    classes: Optional[List[str]] = None  # noqa: UP006, UP045 - class names, index = pixel value
+    num_classes: Optional[int] = None  # noqa: UP045 - or: classes "0".."K-1" (one of the two is required)
+    ignore_index: int = 255  # the mask value that marks "no class" (VOC's void border)
+    val_fraction: float = 0.1  # a seeded share of root for val, where root has no val/ tree
+    test_fraction: float = 0.0  # a seeded share of root held out for test, where root has no test/ tree
+    seed: int = 0
+    extensions: List[str] = field(default_factory=lambda: list(IMG_EXTENSIONS))  # noqa: UP006 - of images
+    cache_dir: Optional[str] = None  # noqa: UP045 - null: $FEEDLINE_CACHE_DIR, else ~/.cache/feedline
+    refresh: str = "auto"  # auto: re-index when a folder changed | always | never

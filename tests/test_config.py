@@ -93,6 +93,14 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
 
         wds_tars(tmp_path / "tars")
         return ["source=wds", f"source.path={tmp_path / 'tars'}"]
+    if option == "seg_folder":
+        from tests.test_seg_folder import seg_tree
+
+        return [
+            "source=seg_folder",
+            f"source.root={seg_tree(tmp_path / 'seg', range(2))}",
+            "source.num_classes=4",
+        ]
     return [f"source={option}", f"source.root={tree}"]
 
 

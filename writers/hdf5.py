@@ -20,8 +20,10 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 
+from feedline.datasets.fields import fields_of
 from feedline.datasets.folder.scan import available_cpus
 from feedline.datasets.hdf5.layout import FORMAT, RAGGED, RAGGED_BYTES
+from feedline.writers.hdf5_fields import FieldColumns
 from feedline.writers.lock import OutputBusyError, writer_lock
 from feedline.writers.options import HDF5WriteOptions
 from feedline.writers.origin import check_not_input, recorded_source
@@ -38,7 +40,10 @@ def convert_source(source, options: HDF5WriteOptions, lock: bool = True) -> dict
     ``options.path``. ``lock``: take the output's writer lock first (False: the caller holds it)."""
     with _writing(options, lock, source) as out_path:
         source.prepare()
-        return _write(source.split("all"), source.classes, options, out_path, recorded_source(source))
+        fields = fields_of(source)
+        fields = None if fields.is_classification else fields
+        records = source.split("all")
+        return _write(records, source.classes, options, out_path, recorded_source(source), fields)
 
 
 def convert(
@@ -97,7 +102,11 @@ def _workers(options: HDF5WriteOptions) -> int:
     return workers
 
 
-def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str, description: str) -> dict:
+def _write(
+    records, classes: list[str], options: HDF5WriteOptions, out_path: str, description: str, fields=None
+) -> dict:
+    """``fields``: the source's named fields (its records read dicts), each written to a dataset of its own
+    (``hdf5_fields.py``); None: images and ``labels``."""
     partial = out_path + ".partial"
     report = out_path + ".skipped.tsv"
     n = len(records)
@@ -109,11 +118,13 @@ def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str
     spool = _Spool(partial + ".spool")
     try:
         with h5py.File(partial, "w") as f:
-            labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
+            if fields is None:
+                labels = f.create_dataset("labels", shape=(n,), maxshape=(None,), dtype=np.int64)
+            columns = FieldColumns(f, fields) if fields is not None else None
             tasks = [range(start, min(n, start + chunk)) for start in range(0, n, chunk)]
             with (
                 ProcessPoolExecutor(
-                    workers, initializer=init_worker, initargs=(records, options, os.getpid())
+                    workers, initializer=init_worker, initargs=(records, options, os.getpid(), fields)
                 ) as pool,
                 progress(n, f"converting to {os.path.basename(out_path)}", "img") as bar,
             ):
@@ -122,15 +133,21 @@ def _write(records, classes: list[str], options: HDF5WriteOptions, out_path: str
                     skipped.extend(err for _, _, err in results if err is not None)
                     if rows:
                         spool.extend(p for p, _ in rows)
-                        labels[written : written + len(rows)] = [lab for _, lab in rows]
+                        if columns is not None:
+                            columns.append([lab for _, lab in rows])
+                        else:
+                            labels[written : written + len(rows)] = [lab for _, lab in rows]
                         written += len(rows)
                     bar.update(len(results))
             spool.write_to(f, RAGGED_BYTES if options.mode != "raw" else "hwc" if options.size else RAGGED)
-            labels.resize((written,))
+            if columns is None:
+                labels.resize((written,))
+            f.attrs.update(columns.finish() if columns is not None else {})
+            if classes:  # a field target without a class list (a number) has none
+                f.attrs["classes"] = json.dumps(list(classes), ensure_ascii=False)
             f.attrs.update(
                 {
                     "feedline_format": FORMAT,
-                    "classes": json.dumps(list(classes), ensure_ascii=False),
                     "mode": options.mode,
                     "max_side": options.max_side or 0,
                     "size": options.size or 0,

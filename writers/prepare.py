@@ -14,19 +14,22 @@ import torch
 from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms.v2 import functional as F
 
+from feedline.datasets.records import BadInput
 from feedline.transforms.decode import DecodeError, decode
+from feedline.writers.hdf5_fields import mask_geometry, prepared
 from feedline.writers.options import HDF5WriteOptions
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 _records = None
 _options: HDF5WriteOptions | None = None
+_fields = None  # a source's named fields (records read dicts); None: (payload, label) records
 
 
-def init_worker(records, options: HDF5WriteOptions, parent: int) -> None:
-    global _records, _options
+def init_worker(records, options: HDF5WriteOptions, parent: int, fields=None) -> None:
+    global _records, _options, _fields
     die_with(parent)
-    _records, _options = records, options
+    _records, _options, _fields = records, options, fields
     torch.set_num_threads(1)
 
 
@@ -44,20 +47,28 @@ def die_with(parent: int, how: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), how) if how != signal.SIGKILL else os._exit(1)
 
 
+def shrunk_size(h: int, w: int, max_side: int) -> tuple[int, int]:
+    """(h, w) scaled so the longer side is at most ``max_side``, the aspect ratio kept."""
+    scale = max_side / max(h, w)
+    return (h, w) if scale >= 1 else (max(1, round(h * scale)), max(1, round(w * scale)))
+
+
 def shrink(image: torch.Tensor, max_side: int) -> torch.Tensor:
     h, w = image.shape[-2:]
-    scale = max_side / max(h, w)
-    if scale >= 1:
-        return image
-    return F.resize(image, [max(1, round(h * scale)), max(1, round(w * scale))], antialias=True)
+    size = shrunk_size(h, w, max_side)
+    return image if size == (h, w) else F.resize(image, list(size), antialias=True)
 
 
 def prepare(i: int):
-    """(payload, label, None) or (None, None, 'path<TAB>error') for sample ``i``."""
+    """(payload, label, None) or (None, None, 'path<TAB>error') for sample ``i``. A sample of named fields:
+    (payload, {field: stored value}, None), its masks moved as its image is (``hdf5_fields.py``)."""
     try:
-        payload, label = _records[i]
+        record = _records[i]
+        payload, label = (record[_fields.input], record) if _fields is not None else record
         image = decode(payload)
-    except (OSError, DecodeError) as err:
+        if _fields is not None:
+            label = prepared(_fields, record, tuple(image.shape[-2:]), _geometry(image))
+    except (OSError, DecodeError, BadInput, ValueError) as err:
         return None, None, f"{_records.describe(i)}\t{err}"
     if _options.mode == "raw":
         if _options.size:  # the explicit centre-crop mode: fixed-size squares
@@ -72,6 +83,13 @@ def prepare(i: int):
     elif data is None:  # raw pixels (a raw HDF5 file, an array source): an encoded row must be a file
         data = encode_png(image.contiguous()).numpy()  # lossless: the same pixels decode back
     return data, label, None
+
+
+def _geometry(image: torch.Tensor):
+    """What ``prepare`` does to this image's size, for its masks to follow."""
+    h, w = image.shape[-2:]
+    side = int(_options.max_side or 0)
+    return mask_geometry(_options, (h, w), shrunk_size(h, w, side) if side else None)
 
 
 def encoded_bytes(payload) -> np.ndarray | None:

@@ -121,6 +121,19 @@ def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.
         # Still changing: keep what we saw, but force a re-scan on the next load of these directories.
         scan.dirs = [(d, -1 if d in racy else m) for d, m in scan.dirs]
     _check_not_empty(root, scan, extensions, key)
+    index = publish_scan(root, extensions, scan, dest, started)
+    log.info(
+        "indexed %d files in %d classes under %s in %.2fs",
+        scan.num_files,
+        len(scan.classes),
+        root,
+        index.meta["build_seconds"],
+    )
+    return index
+
+
+def publish_scan(root: str, extensions, scan: TreeScan, dest: Path, started: int) -> FolderIndex:
+    """Write ``scan`` (begun at ``started``, ns) as the index at ``dest``, atomically, and map it."""
     seconds = (time.time_ns() - started) / 1e9
     remove_stale(_ensure_dir(dest.parent), dest.name)  # what a killed build left behind
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(dest.name), dir=dest.parent))
@@ -136,9 +149,6 @@ def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.
         index = _publish(tmp, dest, started, ours)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info(
-        "indexed %d files in %d classes under %s in %.2fs", scan.num_files, len(scan.classes), root, seconds
-    )
     return index
 
 

@@ -12,6 +12,9 @@ Layout written by ``convert.py`` (``FORMAT`` 1):
     labels   int64 (N,)
     attrs    feedline_format, classes (JSON), mode, max_side, size, quality, source (``datasets/hdf5/attrs.py``)
 
+Named fields (``columns.py``): other datasets beside ``images`` (masks, numbers, vectors, classes, text), named
+by ``source.fields`` or by the file's own ``fields`` attribute; such a file needs no ``labels``.
+
 Foreign files are read too, when their keys and layout are given in config: for example a float32
 (N, 3, H, W) ``images`` dataset with values in [0, 1] and an int64 ``labels`` dataset.
 """
@@ -25,6 +28,7 @@ import numpy as np
 
 from feedline.datasets.hdf5.attrs import FORMAT as FORMAT  # the writer's, checked with the attributes
 from feedline.datasets.hdf5.attrs import feedline_attrs, read_classes
+from feedline.datasets.hdf5.columns import inspect_columns, resolve_fields
 from feedline.datasets.hdf5.files import identity, open_hdf5
 
 LAYOUTS = ("auto", "hwc", "chw")
@@ -45,47 +49,63 @@ def _mappable(dataset) -> tuple | None:
 
 
 def inspect_file(
-    path: str, key: str, images_key: str, labels_key: str, layout: str, dtype, named: bool = False
+    path: str,
+    key: str,
+    images_key: str,
+    labels_key: str,
+    layout: str,
+    dtype,
+    named: bool = False,
+    fields=None,
+    target: str | None = None,
 ) -> dict:
     """Check the file once, in the main process, and close it before any worker exists. ``named``: the
-    classes are given (source.classes), so the file's own are not read (its ``classes`` is None)."""
+    classes are given (source.classes), so the file's own are not read (its ``classes`` is None). A file of
+    named fields (``fields``, or its own ``fields`` attribute: ``columns.py``) has no labels dataset: its
+    input image's column is the images, and every other field's column is checked."""
     with open_hdf5(path, key) as f:
-        for name, which in (
-            (images_key, "source.images_key"),
-            (labels_key, "source.labels_key"),
-        ):
-            if name not in f:
+        where = f"{key} '{path}'"
+        named_fields = resolve_fields(f, fields, target, where, images_key)
+        if named_fields is not None:
+            images_key, labels_key = named_fields[named_fields.input].source_column, None
+        for name, which in ((images_key, "source.images_key"), (labels_key, "source.labels_key")):
+            if name is not None and name not in f:
+                which = f"source.fields.{named_fields.input}.column" if named_fields else which
                 raise KeyError(
-                    f"{key} '{path}' has no dataset '{name}' (set {which}=...; it holds: "
-                    f"{', '.join(f.keys())})"
+                    f"{where} has no dataset '{name}' (set {which}=...; it holds: {', '.join(f.keys())})"
                 )
-        images, labels = f[images_key], f[labels_key]
-        _check_images(images, images_key, f"{key} '{path}'")
-        if not isinstance(labels, h5py.Dataset):
+        images = f[images_key]
+        _check_images(images, images_key, where)
+        labels = f[labels_key] if labels_key is not None else None
+        if labels is not None and not isinstance(labels, h5py.Dataset):
             raise ValueError(
-                f"{key} '{path}': '{labels_key}' is a group, not a dataset: set source.labels_key to the "
-                "dataset of labels"
+                f"{where}: '{labels_key}' is a group, not a dataset: set source.labels_key to the dataset of labels"
             )
-        check_label_shape(labels.shape, f"{key} '{path}': labels '{labels_key}'")
+        if labels is not None:
+            check_label_shape(labels.shape, f"{where}: labels '{labels_key}'")
         vlen = h5py.check_vlen_dtype(images.dtype) is not None
         packed = images.attrs.get("layout") if not vlen else None
         ragged = packed in (RAGGED, RAGGED_BYTES)
         encoded = vlen or packed == RAGGED_BYTES
         rows = len(f["offsets"]) - 1 if ragged and "offsets" in f else len(images)
-        if rows != len(labels):
-            raise ValueError(f"{key} '{path}': {rows} images but {len(labels)} labels")
-        where = f"{key} '{path}'"
+        n = len(labels) if labels is not None else rows
+        if rows != n:
+            raise ValueError(f"{where}: {rows} images but {n} labels")
+        named = named or named_fields is not None
         feedline_attrs(f.attrs, where, encoded, classes=not named)  # a feedline file's own, each checked
         info = {
             "encoded": encoded,
             "layout": packed if ragged else _layout(images, layout, path) if not encoded else "hwc",
-            "ragged": _ragged_index(f, images, len(labels), where, packed) if ragged else None,
+            "ragged": _ragged_index(f, images, n, where, packed) if ragged else None,
             "scale": 1.0 if encoded else _scale(images, dtype, where),
             "classes": None if named else _read_classes(f, labels, where, f"{where}: labels '{labels_key}'"),
-            "n": len(labels),
+            "n": n,
             "mapped": _mappable(images) if not vlen else None,
             "key": key,
             "identity": identity(f.id.get_vfd_handle()),  # every later open checks it is still this file
+            "images_key": images_key,
+            "fields": named_fields,
+            "columns": inspect_columns(f, named_fields, n, where) if named_fields else None,
         }
     return info
 

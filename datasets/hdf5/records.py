@@ -8,13 +8,16 @@ import os
 import numpy as np
 
 from feedline.datasets.arrays import LazyArray
+from feedline.datasets.hdf5.columns import read_rows, read_value
 from feedline.datasets.hdf5.files import map_array, open_hdf5
 from feedline.datasets.hdf5.layout import RAGGED
 from feedline.datasets.records import Records
 
 
 class HDF5Records(Records):
-    """One split of an HDF5 file. Payload: encoded bytes (uint8, 1-D) or a uint8 (3, H, W) array."""
+    """One split of an HDF5 file. Payload: encoded bytes (uint8, 1-D) or a uint8 (3, H, W) array. A file of
+    named fields (``columns``: ``source.py``'s ``_columns``) reads ``{field: value}`` instead, each field
+    from its own dataset (``columns.py``)."""
 
     def __init__(
         self,
@@ -29,6 +32,7 @@ class HDF5Records(Records):
         ragged: dict | None = None,
         key: str = "source.path",
         identity: tuple | None = None,
+        columns: tuple | None = None,
     ):
         super().__init__(subset)
         self.path, self.key = path, key
@@ -40,12 +44,13 @@ class HDF5Records(Records):
         self.layout = layout
         self.scale = scale
         self.labels = labels
-        self._images = self._shapes = self._offsets = None
+        self.columns = columns
+        self._images = self._shapes = self._offsets = self._file = None
         self._pid = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for name in ("_images", "_shapes", "_offsets", "_pid"):
+        for name in ("_images", "_shapes", "_offsets", "_file", "_pid"):
             state[name] = None  # never ship a handle: each process opens its own
         return state
 
@@ -67,6 +72,7 @@ class HDF5Records(Records):
                         for name, where in self.ragged.items()
                     }
                 self._shapes, self._offsets = index.get("shapes"), index["offsets"]
+            self._file = open_hdf5(path, key, expected) if self.columns else None
             self._pid = os.getpid()
         return self._images
 
@@ -98,7 +104,19 @@ class HDF5Records(Records):
         return array
 
     def read(self, row: int):
+        if self.columns:
+            return self._fields(row, self._payload(self._row(self.images, row)))
         return self._payload(self._row(self.images, row)), int(self.labels.array[row])
+
+    def _fields(self, row: int, image, stored: dict | None = None) -> dict:
+        """Row ``row``'s record of named fields: ``image`` (its payload), and each other field read from its
+        dataset (or taken from ``stored``: column -> {row: value}, a batch's one read of it)."""
+        self.images  # noqa: B018 - opens the file in this process
+        record = {self.columns[0]: image}
+        for name, column, kind, store, count in self.columns[1:]:
+            value = stored[column][row] if stored is not None else self._file[column][row]
+            record[name] = read_value(value, kind, store, count, (self.path, column, row, name))
+        return record
 
     def getitems(self, indices) -> list:
         """Read a batch in increasing row order. Variable-length rows: one fancy-index read (measured 2x
@@ -106,14 +124,27 @@ class HDF5Records(Records):
         h5py's fancy indexing on chunked arrays is pathological (measured: 1.5 s for 64 rows of 256x256x3,
         against 15 ms row by row)."""
         rows = np.fromiter((self.row(i) for i in indices), dtype=np.int64, count=len(indices))
-        images, labels = self.images, self.labels.array
+        payloads = self._payloads(rows)
+        if self.columns:  # each field's dataset read once for the batch's rows, in file order
+            unique = np.unique(rows)
+            stored = {
+                column: dict(zip(unique.tolist(), read_rows(self._file[column], unique)))
+                for _, column, *_ in self.columns[1:]
+            }
+            return [self._fields(r, p, stored) for r, p in zip(rows.tolist(), payloads)]
+        labels = self.labels.array
+        return [(p, int(labels[r])) for r, p in zip(rows.tolist(), payloads)]
+
+    def _payloads(self, rows: np.ndarray) -> list:
+        """The images of ``rows``, as ``getitems`` reads them."""
+        images = self.images
         if (
             self.mapped is not None
         ):  # memory-mapped: zero-copy row views; a crop touches only its window's pages
-            return [(self._payload(self._row(images, r)), int(labels[r])) for r in rows.tolist()]
+            return [self._payload(self._row(images, r)) for r in rows.tolist()]
         if self.ragged:  # ragged rows not mapped (a compressed file): one slice read each, in file order
             read = {r: self._payload(self._row(images, r)) for r in sorted(set(rows.tolist()))}
-            return [(read[r], int(labels[r])) for r in rows.tolist()]
+            return [read[r] for r in rows.tolist()]
         unique, inverse = np.unique(rows, return_inverse=True)
         if self.encoded:
             block = images[unique] if len(unique) > 1 else [images[int(unique[0])]]
@@ -123,7 +154,7 @@ class HDF5Records(Records):
             for start, stop in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(unique)]])):
                 first = int(unique[start])
                 images.read_direct(block, np.s_[first : first + stop - start], np.s_[start:stop])
-        return [(self._payload(block[k]), int(labels[rows[n]])) for n, k in enumerate(inverse)]
+        return [self._payload(block[k]) for k in inverse]
 
     def where(self, row: int) -> str:
         return f"{self.path}:{self.images_key}[{row}]"

@@ -45,6 +45,8 @@ class HDF5Source(Source):
         cache_dir: str | None = _O.cache_dir,
         test_path: str | None = _O.test_path,
         test_fraction: float = _O.test_fraction,
+        fields: dict | None = None,
+        target: str | None = _O.target,
     ):
         self.path = local_path(path, "source.path")
         self.val_path = local_path(val_path, "source.val_path") if val_path else None
@@ -65,6 +67,14 @@ class HDF5Source(Source):
             )
         self._layout_arg, self._dtype_arg = layout, dtype
         self._given_classes = check_class_names(classes, "source.classes") if classes else None
+        fields = fields or None  # empty (the schema's default): the file's own, else images and labels
+        if fields is not None and classes:
+            raise ValueError(
+                "source.classes names a classification's classes: with source.fields, give each "
+                "field its own (source.fields.<name>.classes=[...])"
+            )
+        self._fields_arg = None if fields is None else {str(k): v for k, v in dict(fields).items()}
+        self._target_arg = None if target is None else str(target)
         self._inspected: dict | None = None
         if self._check_now():
             self._files  # noqa: B018 - check the file now: a bad path or key fails before any work starts
@@ -86,6 +96,8 @@ class HDF5Source(Source):
                     self._layout_arg,
                     self._dtype_arg,
                     named=self._given_classes is not None,
+                    fields=self._fields_arg,
+                    target=self._target_arg,
                 )
                 for p, key in (
                     (self.path, "source.path"),
@@ -97,10 +109,28 @@ class HDF5Source(Source):
         return self._inspected
 
     @property
+    def fields(self):
+        """The file's named fields (``source.fields``, or the file's own ``fields`` attribute), or None for a
+        file of images and labels (``datasets/hdf5/columns.py``)."""
+        if self._inspected is None and self._fields_arg is None and not self._check_now():
+            return None  # not written yet (a subclass converts it in prepare()): images and labels
+        return self._files[self.path]["fields"]
+
+    @property
     def classes(self) -> list[str]:
         if self._given_classes:
             return self._given_classes
+        if self.fields is not None:
+            return self.fields.classes
         return self._files[self.path]["classes"]
+
+    def _strata(self) -> tuple[str | None, list[str]]:
+        """The labels a split is stratified on: (their dataset, their classes). Named fields: the first
+        field of kind class, else none (one stratum: a seeded split)."""
+        if self.fields is None:
+            return self.labels_key, self.classes
+        first = next(iter(self.fields.of_kind("class")), None)
+        return (first.source_column, list(first.classes)) if first else (None, ["all"])
 
     def prepare(self) -> None:
         """Cache the labels and the split arrays next to each other (once per node)."""
@@ -109,13 +139,13 @@ class HDF5Source(Source):
 
     def _cache(self, path: str):
         _, size, mtime_ns = self._files[path]["identity"]  # the file as inspected, not as it may be now
-        key = [path, self.labels_key, size, mtime_ns, self._label_map(path)]
+        key = [path, self._strata()[0], size, mtime_ns, self._label_map(path)]
         return cache_path("hdf5", os.path.splitext(os.path.basename(path))[0], key, self.cache_dir)
 
     def _label_map(self, path: str) -> list[int] | None:
         """For a val or test file whose classes differ from the training file's: its label -> the training
         label of the class of that name. None when the classes agree (or for the training file)."""
-        if path == self.path or self._given_classes:
+        if path == self.path or self._given_classes or self.fields is not None:
             return None
         own, classes = self._files[path]["classes"], self.classes
         if own == classes[: len(own)]:
@@ -130,7 +160,8 @@ class HDF5Source(Source):
         """The labels of ``path``, checked once and cached as an int64 array beside the split arrays. A
         cache that does not read back as N labels in range is rebuilt, with a warning."""
         target = self._cache(path) / "labels.npy"
-        n, classes = self._files[path]["n"], len(self.classes)
+        column, names = self._strata()
+        n, classes = self._files[path]["n"], len(names)
         if target.exists() or target.with_name(target.name + ".sum").exists():
             try:
                 reason = check_array(target)
@@ -147,9 +178,9 @@ class HDF5Source(Source):
         mapping = self._label_map(path)
         with open_hdf5(path, self._files[path]["key"], self._files[path]["identity"]) as f:
             values = check_labels(
-                f[self.labels_key][:],
+                f[column][:] if column is not None else np.zeros(n, dtype=np.int64),
                 len(mapping) if mapping else classes,
-                f"source.path '{path}': labels '{self.labels_key}'",
+                f"{self._files[path]['key']} '{path}': labels '{column}'",
             )
         if mapping:
             values = np.asarray(mapping, dtype=np.int64)[values]
@@ -167,15 +198,16 @@ class HDF5Source(Source):
         subset = None
         if not own_file:
             array = labels.array
-            counts = np.bincount(array, minlength=len(self.classes))
+            classes = self._strata()[1]
+            counts = np.bincount(array, minlength=len(classes))
             order = None if np.all(array[1:] >= array[:-1]) else np.argsort(array, kind="stable")
-            cache, classes = self._cache(path), self.classes
+            cache = self._cache(path)
             subset = subset_for(
                 name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, classes
             )
         return HDF5Records(
             path,
-            self.images_key,
+            info["images_key"],
             info["encoded"],
             info["layout"],
             info["scale"],
@@ -185,7 +217,19 @@ class HDF5Source(Source):
             ragged=info["ragged"],
             key=info["key"],
             identity=info["identity"],
+            columns=_columns(info) if info["fields"] is not None else None,
         )
 
     def __repr__(self) -> str:
         return f"HDF5Source(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+def _columns(info: dict) -> tuple:
+    """What a field split's records read beside the images: the input image's field name, then (name,
+    dataset, kind, store, number of classes) per other field."""
+    fields = info["fields"]
+    rest = tuple(
+        (name, column, kind, store, len(fields[name].classes or ()))
+        for name, (column, kind, store) in info["columns"].items()
+    )
+    return (fields.input, *rest)
