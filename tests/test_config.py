@@ -101,6 +101,12 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             f"source.root={seg_tree(tmp_path / 'seg', range(2))}",
             "source.num_classes=4",
         ]
+    if option == "manifest":  # the tree as a table: image, label
+        from pathlib import Path
+
+        rows = [f"{p.relative_to(tree)},{p.parent.name}" for p in sorted(Path(tree).glob("*/*.png"))]
+        (tmp_path / "train.csv").write_text("\n".join(["image,label", *rows]) + "\n")
+        return ["source=manifest", f"source.path={tmp_path / 'train.csv'}", f"source.root={tree}"]
     return [f"source={option}", f"source.root={tree}"]
 
 
