@@ -29,10 +29,11 @@ PACKAGES = (
     "diagnostics",
     "models",
     "storage",
+    "testing",
     "transforms",
     "writers",
 )
-ENTRY_MODULES = ("train", "convert", "bench", "public", "moved", "testing")
+ENTRY_MODULES = ("train", "convert", "bench", "public", "moved")
 FAMILIES = tuple(
     f"feedline.datasets.{family}" for family in ("folder", "hdf5", "shards", "wds", "mix", "overlap")
 )
