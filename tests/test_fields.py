@@ -249,3 +249,21 @@ def test_reduced_decode_serves_an_image_alone_and_turns_off_beside_a_mask():
     masked = FieldDecoder(Fields([Field("image", "image"), Field("mask", "mask")], target="mask"))
     sample = masked({"image": jpeg, "mask": np.zeros((256, 256), np.uint8)}, floor=floor)
     assert sample["image"].shape == (3, 256, 256) and sample["mask"].shape == (1, 256, 256)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_crop_finished_in_the_collate_gives_the_stacks_very_pixels_and_draws(seed):
+    from feedline.transforms.deferred import DeferredCrop, PendingMask
+
+    dm = loaders(PixelSource(4), train=None)
+    dm.setup("fit")
+    samples = [dm.datasets["train"][i] for i in range(4)]
+    stack, deferred = v2.Compose(CROP), DeferredCrop(CROP)
+    torch.manual_seed(seed)
+    plain = DefaultCollate()([stack(dict(s)) for s in samples])
+    torch.manual_seed(seed)
+    pended = [deferred(dict(s)) for s in samples]
+    assert isinstance(pended[0]["mask"], PendingMask)
+    fast = Uint8Collate()(pended)
+    assert torch.equal(fast.image, plain.image) and torch.equal(fast.mask, plain.mask)
+    assert fast.caption == plain.caption and torch.equal(fast.tags, plain.tags)

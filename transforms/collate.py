@@ -135,7 +135,10 @@ class Uint8Collate(Collate):
 
         def into(values):
             for k, image in enumerate(values):
-                out[k].copy_(image)
+                if isinstance(image, PendingCrop):
+                    image.write_into(out[k])
+                else:
+                    out[k].copy_(image)
             return out
 
         return finish(collate_fields(samples, layout, image_into=into))

@@ -10,6 +10,12 @@ each window directly into its slot of the shared-memory batch, flipping the wind
 resize kernel (a horizontal flip commutes with a resize). The pixels equal the stack's, bit for bit
 (``tests/test_deferred.py``); only the copies and calls are gone (``benchmarks/peers.py``).
 
+A sample of named fields (a dict holding one ``tv_tensors.Image`` and any number of ``tv_tensors.Mask`` of its
+size) takes the same road: one draw of the window and the flip, a ``PendingCrop`` for the image and a
+``PendingMask`` for each mask, which the collate resizes (nearest-neighbour, as torchvision resizes masks) and
+flips into its slot. The draws and the pixels are the v2 stack's (``tests/test_deferred.py``), without its
+walk over the sample's fields.
+
 Every other stack, input or collate keeps the ordinary path: ``defer_crop`` returns the stack unchanged.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional._geometry import _do_native_uint8_resize_on_cpu
@@ -31,6 +38,7 @@ _BILINEAR = v2.InterpolationMode.BILINEAR
 # of either, with draws or pixel work of their own, keep the ordinary path.
 _CROPS = (v2.RandomResizedCrop, RandomResizedCrop)
 _FLIPS = (v2.RandomHorizontalFlip, RandomHorizontalFlip)
+_PENDS = (tv_tensors.Image, tv_tensors.Mask)  # what a sample of fields may hold for its crop to pend
 
 
 class PendingCrop:
@@ -74,6 +82,40 @@ class PendingCrop:
         out = torch.empty((*self.crop.size, self.image.shape[0]), dtype=self.dtype).permute(2, 0, 1)
         self.write_into(out)
         return out
+
+
+class PendingMask:
+    """A mask (1, H, W), the window to crop from it and whether to flip it, resized nearest-neighbour to
+    ``size`` when the collate writes it into its batch (``write_into``), exactly as the v2 stack would: crop,
+    resize, then flip (a nearest resize does not commute with a flip)."""
+
+    __slots__ = ("mask", "box", "flip", "crop")
+    channels_last = False
+
+    def __init__(self, mask: torch.Tensor, box: tuple[int, int, int, int], flip: bool, crop):
+        self.mask, self.box, self.flip, self.crop = mask, box, flip, crop
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.mask.shape[0], *self.crop.size))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.mask.dtype
+
+    def materialize(self) -> torch.Tensor:
+        top, left, height, width = self.box
+        window = self.mask[:, top : top + height, left : left + width]
+        resized = F.resize_mask(window, list(self.crop.size))
+        return resized.flip(-1) if self.flip else resized
+
+    def write_into(self, out: torch.Tensor) -> None:
+        """Resize into ``out``, a (1, *size) or (*size) view of the batch."""
+        out.copy_(self.materialize().reshape(out.shape))
+
+
+def pending(value) -> bool:
+    return isinstance(value, (PendingCrop, PendingMask))
 
 
 def _fused_kernel(crop: v2.RandomResizedCrop) -> bool:
@@ -135,10 +177,34 @@ class DeferredCrop(v2.Compose):
 
     def __call__(self, *inputs):  # called per sample: no module hooks to run, so skip nn.Module's dispatch
         image = inputs[0] if len(inputs) == 1 else None
+        if type(image) is dict:
+            return self._fields(image)
         if type(image) is not torch.Tensor or image.dim() != 3 or image.dtype != torch.uint8:
             return self.forward(*inputs)
         box = self.draws.box(image.shape[1], image.shape[2])  # the crop's draws, then the flip's
         return PendingCrop(image, box, self.draws.flip(), self.crop)
+
+    def _fields(self, sample: dict):
+        """A sample of named fields: one uint8 image and masks of its size pend; anything else (another
+        image, boxes, a mask of another size) takes the stack."""
+        images = [k for k, v in sample.items() if isinstance(v, tv_tensors.Image)]
+        masks = [k for k, v in sample.items() if isinstance(v, tv_tensors.Mask)]
+        others = [
+            v for v in sample.values() if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, _PENDS)
+        ]
+        if len(images) != 1 or others:
+            return self.forward(sample)
+        image = sample[images[0]].as_subclass(torch.Tensor)
+        size = tuple(image.shape[-2:])
+        if image.dim() != 3 or image.dtype != torch.uint8 or any(sample[k].shape[-2:] != size for k in masks):
+            return self.forward(sample)
+        box = self.draws.box(*size)
+        flip = self.draws.flip()
+        out = dict(sample)
+        out[images[0]] = PendingCrop(image, box, flip, self.crop)
+        for k in masks:
+            out[k] = PendingMask(sample[k].as_subclass(torch.Tensor), box, flip, self.crop)
+        return out
 
 
 def defer_crop(stack):

@@ -23,6 +23,7 @@ import torch
 
 from feedline.transforms.batch import Batch
 from feedline.transforms.batch_pool import empty
+from feedline.transforms.deferred import PendingMask, pending
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,10 @@ def stack(name: str, values, squeeze: bool = False) -> torch.Tensor:
     shape = tuple(first.shape[1:]) if squeeze else tuple(first.shape)
     out = empty((len(values), *shape), first.dtype)
     for k, v in enumerate(values):
-        out[k].copy_(v[0] if squeeze else v)
+        if pending(v):  # a crop the collate finishes (``transforms/deferred.py``): resized into its slot
+            v.write_into(out[k])
+        else:
+            out[k].copy_(v[0] if squeeze else v)
     return out
 
 
@@ -122,9 +126,9 @@ def infer_layout(sample: dict) -> SampleLayout:
     for name, value in sample.items():
         if name == "part":
             continue
-        if isinstance(value, tv_tensors.Mask):
+        if isinstance(value, (tv_tensors.Mask, PendingMask)):
             kind = "mask"
-        elif isinstance(value, (tv_tensors.Image, torch.Tensor)) and value.dim() == 3:
+        elif pending(value) or isinstance(value, torch.Tensor) and value.dim() == 3:
             kind = "image"
         elif isinstance(value, torch.Tensor):
             kind = "vector"
