@@ -65,7 +65,7 @@ def _decode_mask_pil(payload: np.ndarray, head: bytes) -> torch.Tensor:
                     f"a {mode} mask: feedline reads a mask as one channel of class indices (a palette or "
                     "grayscale image); map its colours to indices first"
                 )
-            array = np.asarray(img)
+            array = np.array(img)  # a writable copy: torch refuses to share a read-only buffer quietly
     except DecodeError:
         raise
     except Exception as err:  # noqa: BLE001
