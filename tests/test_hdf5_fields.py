@@ -205,3 +205,13 @@ def test_convert_py_writes_a_manifest_of_masks(make_cfg, tmp_path):
     for i in range(6):
         n = int(records[i]["id"])
         assert np.array_equal(decode_mask(records[i]["mask"])[0].numpy(), pixels(n)[1])
+
+
+def test_convert_skips_and_lists_a_sample_whose_mask_is_not_its_images_size(tmp_path):
+    out = tmp_path / "cut.h5"
+    summary = convert_source(Pixels(6, bad=(4,)), HDF5WriteOptions(path=str(out), workers=1))
+    assert summary["images"] == 5 and summary["skipped"] == 1
+    listed = (tmp_path / "cut.h5.skipped.tsv").read_text()
+    assert "pixels row 4\tfield 'mask' (mask): its size 48x40 differs from the image's, 48x48" in listed
+    records = HDF5Source(str(out), val_fraction=0).split("train")
+    assert [records[i]["id"] for i in range(5)] == [0.0, 1.0, 2.0, 3.0, 5.0]  # every field of a row together

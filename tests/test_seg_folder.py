@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from feedline.cli.instantiate import instantiate
+from feedline.datamodules.bad_samples import BadSampleError
 from feedline.datasets import SegFolderSource
 from feedline.transforms import RandomHorizontalFlip, RandomResizedCrop
 from feedline.transforms.masks import decode_mask
@@ -109,3 +110,12 @@ def test_split_trees_give_val_and_test(tmp_path, make_cfg):
         source.split("test")
     with pytest.raises(FileNotFoundError, match=r"neither images/ nor train/images/"):
         SegFolderSource(str(tmp_path), num_classes=4)
+
+
+def test_a_mask_removed_after_indexing_is_named_as_bad_input(tmp_path):
+    root = tmp_path / "seg"
+    source = SegFolderSource(seg_tree(root, rows=range(8)), num_classes=4, val_fraction=0)
+    source.prepare()
+    (root / "masks" / "s005.png").unlink()
+    with pytest.raises(BadSampleError, match=r"seg/images/s005\.png \(mask .*seg/masks/s005\.png\)"):
+        list(loaders(source, on_bad_sample="raise").train_dataloader())
