@@ -23,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 
 from feedline.datasets.fields import Fields
 from feedline.datasets.hdf5.columns import FIELDS_ATTR, TARGET_ATTR
+from feedline.datasets.records import BadInput
 from feedline.transforms.masks import decode_mask
 
 TAKEN = ("images", "offsets", "shapes", "labels")  # the file's own datasets: a field is stored beside them
@@ -34,21 +35,19 @@ def column_of(name: str) -> str:
 
 def prepared(fields: Fields, record: dict, size: tuple[int, int], geometry) -> dict:
     """The fields of ``record`` but the input image, as stored: ``geometry(tensor)`` resizes or crops a mask
-    as its image was (``size``: the image's size before). A value its kind cannot hold is a ValueError naming
-    the field."""
+    as its image was (``size``: the image's size before). A value its kind cannot hold is a BadInput naming
+    the field: the sample is skipped and listed."""
     out = {}
     for field in fields.values():
         if field.name == fields.input:
             continue
         if field.name not in record:
-            raise ValueError(
-                f"field {field.name!r} is missing from the sample (it holds {', '.join(record)})"
-            )
+            raise BadInput(f"field {field.name!r} is missing from the sample (it holds {', '.join(record)})")
         value, kind = record[field.name], field.kind
         try:
             out[field.name] = _stored(value, kind, len(field.classes or ()), size, geometry)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise ValueError(f"field {field.name!r} ({kind}): {err}") from None
+            raise BadInput(f"field {field.name!r} ({kind}): {err}") from None
     return out
 
 

@@ -64,11 +64,16 @@ def prepare(i: int):
     (payload, {field: stored value}, None), its masks moved as its image is (``hdf5_fields.py``)."""
     try:
         record = _records[i]
+        if _fields is None and isinstance(record, dict):
+            raise TypeError(
+                f"{_records.describe(i)} is a sample of named fields ({', '.join(record)}), and this output "
+                "format writes images and labels only: convert to HDF5 (out.format=hdf5)"
+            )
         payload, label = (record[_fields.input], record) if _fields is not None else record
         image = decode(payload)
         if _fields is not None:
             label = prepared(_fields, record, tuple(image.shape[-2:]), _geometry(image))
-    except (OSError, DecodeError, BadInput, ValueError) as err:
+    except (OSError, DecodeError, BadInput) as err:
         return None, None, f"{_records.describe(i)}\t{err}"
     if _options.mode == "raw":
         if _options.size:  # the explicit centre-crop mode: fixed-size squares
