@@ -22,6 +22,7 @@ log = logging.getLogger("feedline")
 
 def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
+    from feedline.datamodules.checkpoint.parts import check_arguments
     from feedline.writers.hdf5 import check_output
 
     require(cfg, "source", "out")
@@ -31,6 +32,7 @@ def run_convert(cfg: DictConfig) -> dict:
         from feedline.writers.shards import convert_source
     else:
         from feedline.writers.hdf5 import convert_source
+    check_arguments(cfg.source, "source")  # source._target_= that keeps another source's keys, named
     source = instantiate(cfg.source, "source")
     summary = convert_source(source, options)  # refuses an out.path that is the source's data, first
     log.info(

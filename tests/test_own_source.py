@@ -155,3 +155,19 @@ def test_a_users_source_config_in_their_config_dir_builds_their_source(project, 
     assert dm.transforms.train is None  # the project's for_source/mine.yaml: the `none` stack
     batch = next(iter(dm.train_dataloader()))
     assert tuple(batch.image.shape[1:]) == (3, 16, 16) and len(dm.datasets["train"]) == 18
+
+
+def test_convert_refuses_source_target_with_the_keys_it_does_not_take_too(make_cfg, tmp_path):
+    from feedline.convert import run_convert
+
+    cfg = make_cfg(
+        "source=folder",
+        "source.root=/x",
+        f"source._target_={__name__}.Tiles",
+        f"out.path={tmp_path / 'out.h5'}",
+        config="convert",
+    )
+    with pytest.raises(
+        ValueError, match=rf"^source\._target_={__name__}\.Tiles does not take root, val_root, .*source=mine"
+    ):
+        run_convert(cfg)
