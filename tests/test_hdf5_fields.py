@@ -215,3 +215,16 @@ def test_convert_skips_and_lists_a_sample_whose_mask_is_not_its_images_size(tmp_
     assert "pixels row 4\tfield 'mask' (mask): its size 48x40 differs from the image's, 48x48" in listed
     records = HDF5Source(str(out), val_fraction=0).split("train")
     assert [records[i]["id"] for i in range(5)] == [0.0, 1.0, 2.0, 3.0, 5.0]  # every field of a row together
+
+
+def test_a_val_file_of_other_fields_is_refused_by_key(tmp_path):
+    train = tmp_path / "train.h5"
+    convert_source(Pixels(4), HDF5WriteOptions(path=str(train), workers=1))
+    val = write_file(tmp_path / "val.h5")
+    with h5py.File(val, "a") as f:  # a file of other fields, named by its own attributes
+        specs = {"image": {"column": "images", "kind": "image"}, "mask": {"column": "masks", "kind": "mask"}}
+        specs["mask"]["classes"] = ["a", "b", "c", "e"]
+        f.attrs["fields"], f.attrs["target"] = json.dumps(specs), "mask"
+    source = HDF5Source(str(train), val_path=val)
+    with pytest.raises(ValueError, match=r"source\.val_path '.*val\.h5' holds other fields or class lists"):
+        source.split("val")

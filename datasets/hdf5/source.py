@@ -194,6 +194,11 @@ class HDF5Source(Source):
         path = own_file or self.path
         info = self._files[path]
         check_path(path, info["key"], info["identity"])  # trainer.test after fit: still the file fit read
+        if own_file and _kinds(info["fields"]) != _kinds(self.fields):
+            raise ValueError(
+                f"{info['key']} '{path}' holds other fields or class lists than source.path '{self.path}' "
+                f"({info['fields']!r} against {self.fields!r}): convert both from sources of the same fields"
+            )
         labels = LazyArray(self._labels(path))
         subset = None
         if not own_file:
@@ -233,3 +238,10 @@ def _columns(info: dict) -> tuple:
         for name, (column, kind, store) in info["columns"].items()
     )
     return (fields.input, *rest)
+
+
+def _kinds(fields) -> list | None:
+    """What a val or test file must share with the training file: each field's name, kind and class list."""
+    return (
+        None if fields is None else [(f.name, f.kind, f.classes) for f in fields.values()] + [fields.target]
+    )
