@@ -40,6 +40,7 @@ PUBLIC = {
         "WdsSource": "feedline.datasets.wds.source",
         "MixSource": "feedline.datasets.mix.source",
         "ManifestSource": "feedline.datasets.manifest.source",
+        "ShapesSource": "feedline.datasets.shapes.source",
     },
     "feedline.datamodules": {
         "ImageDataModule": "feedline.datamodules.image",
@@ -59,6 +60,10 @@ PUBLIC = {
     "feedline.models": {
         "ImageClassifier": "feedline.models.classifier",
         "SmallCNN": "feedline.models.nets",
+        "SmallUNet": "feedline.models.nets",
+        "Segmenter": "feedline.models.segmenter",
+        "MultiLabelClassifier": "feedline.models.multilabel",
+        "ImageRegressor": "feedline.models.regressor",
     },
     "feedline.callbacks": {
         "ModelCheckpoint": "feedline.callbacks.checkpoint",

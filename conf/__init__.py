@@ -18,6 +18,7 @@ def register() -> None:
         LazyFolderOptions,
         ManifestOptions,
         SegFolderOptions,
+        ShapesOptions,
         ShardsOptions,
         WdsOptions,
     )
@@ -35,6 +36,7 @@ def register() -> None:
         "shards": ShardsOptions,
         "wds": WdsOptions,
         "manifest": ManifestOptions,
+        "shapes": ShapesOptions,
         "seg_folder": SegFolderOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imp
     from feedline.datasets.manifest.source import ManifestSource
     from feedline.datasets.mix.source import MixSource
     from feedline.datasets.records import BadInput, RecordSet, Source
+    from feedline.datasets.shapes.source import ShapesSource
     from feedline.datasets.shards.source import ShardsSource
     from feedline.datasets.wds.source import WdsSource
 
@@ -32,5 +33,6 @@ __all__ = [
     "WdsSource",
     "MixSource",
     "ManifestSource",
+    "ShapesSource",
 ]
 __getattr__, __dir__ = _exports(__name__)

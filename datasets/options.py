@@ -128,3 +128,18 @@ class SegFolderOptions:
     extensions: List[str] = field(default_factory=lambda: list(IMG_EXTENSIONS))  # noqa: UP006 - of images
     cache_dir: Optional[str] = None  # noqa: UP045 - null: $FEEDLINE_CACHE_DIR, else ~/.cache/feedline
     refresh: str = "auto"  # auto: re-index when a folder changed | always | never
+
+
+@dataclass
+class ShapesOptions:
+    _target_: str = "feedline.datasets.ShapesSource"
+    root: str = REQUIRED  # where the images, masks and shapes.csv are written, once
+    # field -> {column, kind, classes} as source=manifest takes them; empty: every column of shapes.csv
+    fields: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    target: str = "mask"  # mask | shapes | coverage | largest | caption: the field that is y in x, y = batch
+    n: int = 600  # images generated
+    size: int = 64  # their side, in pixels
+    val_fraction: float = 0.2  # a seeded share of the table (stratified when the target is a class)
+    test_fraction: float = 0.0  # a seeded share held out for trainer.test
+    seed: int = 0  # the split's seed (the images are always the same)
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the manifest index and the splits are kept

@@ -6,10 +6,17 @@ from feedline.public import exports as _exports
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from feedline.models.classifier import ImageClassifier
-    from feedline.models.nets import SmallCNN
+    from feedline.models.multilabel import MultiLabelClassifier
+    from feedline.models.nets import SmallCNN, SmallUNet
+    from feedline.models.regressor import ImageRegressor
+    from feedline.models.segmenter import Segmenter
 
 __all__ = [
     "ImageClassifier",
     "SmallCNN",
+    "SmallUNet",
+    "Segmenter",
+    "MultiLabelClassifier",
+    "ImageRegressor",
 ]
 __getattr__, __dir__ = _exports(__name__)

@@ -12,6 +12,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from feedline.models.training import adamw_cosine, log_loss, scaled
+
 
 class ImageClassifier(L.LightningModule):
     def __init__(
@@ -26,9 +28,7 @@ class ImageClassifier(L.LightningModule):
         self.net = net(num_classes=num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.uint8:  # no batch stack configured (transforms=none): scale here
-            x = x.float().div_(255)
-        return self.net(x)
+        return self.net(scaled(x))
 
     def _step(self, batch, stage: str, right: list | None = None):
         image, target = batch[0], batch[1]
@@ -39,15 +39,7 @@ class ImageClassifier(L.LightningModule):
         if right is not None:
             right.append(correct)
         acc = correct.float().mean()
-        on_epoch = stage != "train"
-        self.log(
-            f"{stage}/loss",
-            loss,
-            prog_bar=stage == "train",
-            on_epoch=on_epoch,
-            sync_dist=on_epoch,
-            batch_size=len(image),
-        )
+        log_loss(self, stage, loss, len(image))
         self.log(
             f"{stage}/acc",
             acc,
@@ -99,13 +91,4 @@ class ImageClassifier(L.LightningModule):
                 self.log(f"val/acc/{name}", float(tally[k, 0] / tally[k, 1]), sync_dist=True)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(
-            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay
-        )
-        epochs = (
-            self.trainer.max_epochs
-            if self.trainer and self.trainer.max_epochs and self.trainer.max_epochs > 0
-            else 1
-        )
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+        return adamw_cosine(self)

@@ -101,6 +101,8 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             f"source.root={seg_tree(tmp_path / 'seg', range(2))}",
             "source.num_classes=4",
         ]
+    if option == "shapes":  # generated, small
+        return ["source=shapes", "source.n=8", "source.size=16"]
     if option == "manifest":  # the tree as a table: image, label
         from pathlib import Path
 
@@ -113,6 +115,8 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_instantiates(make_cfg, tree, tmp_path, group, option):
     source = _source_overrides(option if group == "source" else "folder", tree, tmp_path)
+    if group == "experiment" and option.startswith("shapes_"):  # they choose source=shapes and its target
+        source = _source_overrides("shapes", tree, tmp_path)
     if (group, option) == ("experiment", "mix_demo"):
         source = []  # the experiment chooses source=mix itself (the embedded digits, twice): source=folder would
         # replace it and leave its parts nowhere to go (Key 'parts' not in 'FolderOptions')
