@@ -104,8 +104,8 @@ class ManifestOptions:
     _target_: str = "feedline.datasets.ManifestSource"
     path: str = REQUIRED  # the table: .csv, .tsv, .parquet, or a "path label" .txt list
     root: Optional[str] = None  # noqa: UP045 - where relative paths start; null: the table's folder
-    # field -> {column, kind, classes, ignore_index, separator}; null: columns image and label (a .txt: path, label)
-    fields: Optional[Dict[str, Any]] = None  # noqa: UP006, UP045
+    # field -> {column, kind, classes, ignore_index, separator}; empty: columns image and label (a .txt: path, label)
+    fields: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     target: Optional[str] = None  # noqa: UP045 - the field that is y in x, y = batch; null: label, or the one non-image field
     val_path: Optional[str] = None  # noqa: UP045 - another table (the same fields) for validation
     val_fraction: float = 0.1  # else: a seeded share of path, stratified on a class target

@@ -47,7 +47,7 @@ class ManifestSource(Source):
         self,
         path: str,
         root: str | None = _O.root,
-        fields: Mapping | None = _O.fields,
+        fields: Mapping | None = None,
         target: str | None = _O.target,
         val_path: str | None = _O.val_path,
         val_fraction: float = _O.val_fraction,
@@ -79,7 +79,7 @@ class ManifestSource(Source):
     # -- fields -----------------------------------------------------------------------------------
     def _configured(self, fields, target) -> tuple[list[Field], str]:
         """The fields as configured (a class list may be left to the table), checked now, before any work."""
-        if fields is None:
+        if not fields:  # None or {} (the schema's default, so +source.fields.<name>=... works)
             return self._shorthand(target)
         plain = {}
         for name, spec in fields.items():
