@@ -41,6 +41,22 @@ def require(cfg: DictConfig, *keys: str) -> None:
         raise ValueError(
             f"{', '.join(missing)} must be set: add {' '.join(f'{m}=...' for m in missing)} to the command line"
         )
+    if "source" in keys and "data" in cfg and "transforms" not in cfg:
+        chosen = _choice("source") or "<source>"
+        raise ValueError(
+            f"no transform stack is chosen for source={chosen} (there is no conf/transforms/for_source/{chosen}.yaml): "
+            "pick one with transforms=imagenet (or cifar, digits, shapes, none), or write "
+            f"conf/transforms/for_source/{chosen}.yaml in your config dir"
+        )
+
+
+def _choice(group: str) -> str | None:
+    """The option a run picked for config group ``group`` (``source=mine``: "mine"), where Hydra ran it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get(group)
 
 
 def instantiate(cfg: DictConfig, key: str, **kwargs):

@@ -171,3 +171,20 @@ def test_convert_refuses_source_target_with_the_keys_it_does_not_take_too(make_c
         ValueError, match=rf"^source\._target_={__name__}\.Tiles does not take root, val_root, .*source=mine"
     ):
         run_convert(cfg)
+
+
+def test_a_users_source_without_a_transform_stack_is_told_to_pick_one(make_cfg, tmp_path):
+    from feedline.cli.instantiate import require
+
+    (tmp_path / "conf" / "source").mkdir(parents=True)
+    (tmp_path / "conf" / "source" / "bare.yaml").write_text(
+        "_target_: feedline.datasets.DigitsSource\nroot: /x\n"
+    )
+    cfg = make_cfg(f"hydra.searchpath=[file://{tmp_path}/conf]", "source=bare")
+    with pytest.raises(
+        ValueError, match=r"no transform stack is chosen for source=bare .*transforms=imagenet"
+    ):
+        require(cfg, "source", "model")
+    require(
+        make_cfg(f"hydra.searchpath=[file://{tmp_path}/conf]", "source=bare", "transforms=none"), "source"
+    )
