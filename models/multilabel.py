@@ -18,10 +18,8 @@ from feedline.models.training import adamw_cosine, log_loss, scaled
 
 
 class MultiLabelClassifier(L.LightningModule):
-    checkpoint_monitor = (
-        "val/map",
-        "max",
-    )  # the metric the best checkpoints are kept by (callbacks/checkpoint.py)
+    # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
+    checkpoint_monitor = ("val/map", "max")
 
     def __init__(
         self,

@@ -21,10 +21,8 @@ LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss}
 
 
 class ImageRegressor(L.LightningModule):
-    checkpoint_monitor = (
-        "val/mae",
-        "min",
-    )  # the metric the best checkpoints are kept by (callbacks/checkpoint.py)
+    # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
+    checkpoint_monitor = ("val/mae", "min")
 
     def __init__(
         self,

@@ -29,10 +29,8 @@ def lraspp(num_classes: int, weights=None, weights_backbone=None, **kwargs) -> t
 
 
 class Segmenter(L.LightningModule):
-    checkpoint_monitor = (
-        "val/miou",
-        "max",
-    )  # the metric the best checkpoints are kept by (callbacks/checkpoint.py)
+    # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
+    checkpoint_monitor = ("val/miou", "max")
 
     def __init__(
         self,
