@@ -65,6 +65,15 @@ def test_each_row_of_the_shapes_table_says_what_its_mask_holds(tmp_path):
         assert (coloured == (mask > 0)).all(), row
 
 
+def test_the_shapes_source_keeps_the_source_contract(tmp_path):
+    from feedline.datasets import ShapesSource
+    from feedline.testing import check_source
+
+    source = ShapesSource(root=str(tmp_path / "shapes"), n=16, size=16, target="shapes")
+    check_source(source)
+    assert source.classes == list(SHAPES) and source.split("val")[0]["caption"]
+
+
 def logged(module) -> dict:
     """What the module logs, by name, without a Trainer."""
     seen: dict = {}
