@@ -33,8 +33,8 @@ TABLE = "shapes.csv"
 _WORDS = {1: "a", 2: "two", 3: "three"}
 
 
-def _footprint(kind: str, size: int, rng: np.random.Generator) -> np.ndarray | None:
-    """One shape's pixels on a size x size canvas, at a random place; None when it does not fit."""
+def _footprint(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
+    """One shape's pixels (a bool mask) on a size x size canvas, at a random size and place."""
     extent = int(rng.integers(size // 5, 2 * size // 5 + 1))
     top, left = (int(v) for v in rng.integers(0, size - extent + 1, 2))
     yy, xx = np.mgrid[0:size, 0:size]
@@ -69,7 +69,7 @@ def draw(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, s
         kind, colour = SHAPES[rng.integers(len(SHAPES))], list(COLOURS)[rng.integers(len(COLOURS))]
         for _attempt in range(20):
             pixels = _footprint(kind, size, rng)
-            if pixels.any() and not (pixels & taken).any():
+            if not (pixels & taken).any():
                 break
         else:
             continue  # no free place: one shape fewer
