@@ -60,8 +60,10 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    monitored = getattr(model, "checkpoint_monitor", None) or ("val/acc", "max")  # the model's own metric
     summary = {
         "val_acc": metrics.get("val/acc"),
+        "val_metric": {"name": monitored[0], "value": metrics.get(monitored[0])},
         "train_samples_per_s": (
             round(throughput.samples_per_second, 1) if throughput and throughput.samples_per_second else None
         ),
@@ -117,10 +119,11 @@ def _report(summary: dict) -> None:
     os.makedirs(summary["output_dir"], exist_ok=True)
     with open(os.path.join(summary["output_dir"], "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    acc = summary["val_acc"]
+    metric = summary["val_metric"]
     log.info(
-        "summary: val_acc=%s  train samples/s=%s  first batch %s s after the %s  files skipped: %d  outputs: %s",
-        f"{acc:.4f}" if acc is not None else "n/a",
+        "summary: %s=%s  train samples/s=%s  first batch %s s after the %s  files skipped: %d  outputs: %s",
+        "val_acc" if metric["name"] == "val/acc" else metric["name"],  # as the summary has always said it
+        f"{metric['value']:.4f}" if metric["value"] is not None else "n/a",
         summary["train_samples_per_s"] if summary["train_samples_per_s"] is not None else "n/a",
         summary["first_batch_s"],
         "job started" if summary["first_batch_from"] == "job start" else "process started",

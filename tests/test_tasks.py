@@ -197,5 +197,7 @@ def test_each_shapes_experiment_trains_from_the_command_line(tmp_path):
             summary = json.load(f)
         for name in names:
             assert math.isfinite(summary["metrics"][name]), summary["metrics"]
+        assert summary["val_metric"] == {"name": names[0], "value": summary["metrics"][names[0]]}
+        assert f"summary: {names[0]}=" in done.stderr + done.stdout  # the model's own metric, said at the end
         assert summary["samples"] == {"train": 19, "val": 5}  # a seeded 20% of the 24 rows
         assert (sweep / job / "checkpoints" / "epoch00.ckpt").exists()  # the best, by the model's metric
