@@ -25,6 +25,7 @@ FIELDS = Fields(
         Field("caption", "text"),
         Field("tags", "classes", classes=("x", "y", "z")),
         Field("meta", "json"),
+        Field("emb", "vector"),
     ],
     target="mask",
 )
@@ -65,6 +66,7 @@ class PixelRecords(Records):
             "caption": f"sample {n}",
             "tags": np.array([n % 3]),
             "meta": f'{{"n": {n}}}',
+            "emb": np.array([n, -n, 0.5], dtype=np.float64),
         }
 
     def where(self, row: int) -> str:

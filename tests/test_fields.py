@@ -42,6 +42,7 @@ def check_batch(batch) -> list[int]:
     assert batch.image[:, 0, 0, 0].long().tolist() == ids  # red is the sample's row
     assert batch.caption == [f"sample {n}" for n in ids] and [m["n"] for m in batch.meta] == ids
     assert batch.tags.dtype == torch.float32 and batch.tags.argmax(1).tolist() == [n % 3 for n in ids]
+    assert batch.emb.dtype == torch.float32 and batch.emb.tolist() == [[n, -n, 0.5] for n in ids]
     valid = batch.valid if batch.valid is not None else [None] * len(ids)
     for image, mask, where in zip(batch.image, batch.mask, valid):
         pure, wrong = misaligned(image, mask, where)
