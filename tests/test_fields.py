@@ -239,7 +239,7 @@ def test_reduced_decode_serves_an_image_alone_and_turns_off_beside_a_mask():
 
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((256, 256, 3), np.uint8)).save(buffer, "JPEG")
-    jpeg = np.frombuffer(buffer.getvalue(), np.uint8)
+    jpeg = np.frombuffer(buffer.getvalue(), np.uint8).copy()
     captioned = Fields([Field("image", "image"), Field("caption", "text")], target="caption")
 
     def floor(height, width):  # what a first transform of 64 px needs
