@@ -30,6 +30,7 @@ class FieldDecoder:
     def __init__(self, fields: Fields):
         self.fields = fields
         self.kinds = [(f.name, f.kind, len(f.classes or ())) for f in fields.values()]
+        self.ignore = {f.name: f.ignore_index for f in fields.of_kind("mask")}
         self.single_spatial = len(fields.of_kind(*SPATIAL)) == 1
 
     def layout(self) -> SampleLayout:
@@ -57,15 +58,17 @@ class FieldDecoder:
                     image = decode(value, floor if self.single_spatial else None, max_pixels)
                     value = tv_tensors.Image(image)
                 elif kind == "mask":
-                    value = tv_tensors.Mask(decode_mask(value, max_pixels))
+                    value = tv_tensors.Mask(
+                        _indices(decode_mask(value, max_pixels), count, self.ignore[name])
+                    )
                 elif kind == "class":
                     value = _class(value, count)
                 elif kind == "classes":
                     value = _multi_hot(value, count)
                 elif kind == "number":
-                    value = float(value)
+                    value = _finite(float(value))
                 elif kind == "vector":
-                    value = torch.as_tensor(np.asarray(value, dtype=np.float32).reshape(-1))
+                    value = _finite(torch.as_tensor(np.asarray(value, dtype=np.float32).reshape(-1)))
                 elif kind == "text":
                     value = value.decode() if isinstance(value, bytes) else str(value)
                 elif kind == "json":
@@ -94,6 +97,26 @@ class FieldDecoder:
         if kind in SPATIAL:
             return "decode" if name == self.fields.input else f"decode {name}"
         return "fields"
+
+
+def _indices(mask: torch.Tensor, count: int, ignore: int) -> torch.Tensor:
+    """A mask whose every pixel is a class index or the ignore_index; a value beyond the class list would fail
+    the loss far from its file (on a GPU, as a device-side assert)."""
+    if count and int(mask.max()) >= count:
+        beyond = mask[(mask >= count) & (mask != ignore)]
+        if len(beyond):
+            raise DecodeError(
+                f"mask value {int(beyond.max())} is not a class index ({count} classes, 0..{count - 1}; "
+                f"ignore_index {ignore}): check the mask, or the field's classes and ignore_index"
+            )
+    return mask
+
+
+def _finite(value):
+    finite = bool(torch.isfinite(value).all()) if isinstance(value, torch.Tensor) else np.isfinite(value)
+    if not finite:
+        raise DecodeError(f"{value!r} is not finite (NaN and infinities would turn the loss NaN)")
+    return value
 
 
 def _class(value, count: int) -> int:

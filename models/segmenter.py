@@ -28,6 +28,21 @@ def lraspp(num_classes: int, weights=None, weights_backbone=None, **kwargs) -> t
     )
 
 
+def check_ignore_index(ignore_index: int, datamodule) -> None:
+    """The model's ``ignore_index`` must be the one the data marks void and padded pixels with (the target
+    mask field's): else those pixels would train as a class and count in the IoU."""
+    fields = getattr(datamodule, "fields", None)
+    if fields is None:
+        return
+    target = fields[fields.target]
+    if target.kind == "mask" and target.ignore_index != ignore_index:
+        raise ValueError(
+            f"model.ignore_index={ignore_index}, but the data marks void and padded pixels of its mask "
+            f"{target.name!r} with {target.ignore_index} (source.fields.{target.name}.ignore_index; seg_folder: "
+            f"source.ignore_index): set model.ignore_index={target.ignore_index}"
+        )
+
+
 class Segmenter(L.LightningModule):
     # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
     checkpoint_monitor = ("val/miou", "max")
@@ -49,6 +64,9 @@ class Segmenter(L.LightningModule):
         self.save_hyperparameters(ignore=["net"])
         self.net = (net or lraspp)(num_classes=num_classes)
         self.val_miou = MulticlassJaccardIndex(num_classes, ignore_index=ignore_index, average="macro")
+
+    def setup(self, stage: str) -> None:
+        check_ignore_index(self.hparams.ignore_index, getattr(self.trainer, "datamodule", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) logits at the input's size."""

@@ -268,3 +268,24 @@ def test_the_crop_finished_in_the_collate_gives_the_stacks_very_pixels_and_draws
     fast = Uint8Collate()(pended)
     assert torch.equal(fast.image, plain.image) and torch.equal(fast.mask, plain.mask)
     assert fast.caption == plain.caption and torch.equal(fast.tags, plain.tags)
+
+
+def test_a_mask_value_beyond_the_class_list_and_a_nan_number_are_bad_input():
+    from feedline.datamodules.sample_fields import FieldDecoder
+
+    fields = Fields(
+        [
+            Field("image", "image"),
+            Field("mask", "mask", classes=("a", "b"), ignore_index=0),
+            Field("n", "number"),
+        ],
+        target="mask",
+    )
+    image, mask = np.zeros((3, 4, 4), np.uint8), np.ones((4, 4), np.uint8)
+    decode = FieldDecoder(fields)
+    decode({"image": image, "mask": mask, "n": 1.0})  # indices 0..1 (and 0, the ignore_index): fine
+    mask[1, 1] = 7
+    with pytest.raises(DecodeError, match=r"field 'mask': mask value 7 is not a class index \(2 classes"):
+        decode({"image": image, "mask": mask, "n": 1.0})
+    with pytest.raises(DecodeError, match=r"field 'n': nan is not finite"):
+        decode({"image": image, "mask": np.ones((4, 4), np.uint8), "n": float("nan")})

@@ -210,6 +210,8 @@ def test_a_missing_column_is_named_with_the_columns_there(tmp_path):
             "'wolf'",
         ),
         ("id", "seven", {"image": "image", "label": "class", "id": "number"}, "'seven' is not a number"),
+        ("id", "nan", {"image": "image", "label": "class", "id": "number"}, "'nan' is not a finite number"),
+        ("emb", "[1, 1e39]", {"image": "image", "label": "class", "emb": "vector"}, "beyond float32's range"),
         ("emb", "[1, x]", {"image": "image", "label": "class", "emb": "vector"}, "does not parse"),
         ("meta", "{i: 1}", {"image": "image", "label": "class", "meta": "json"}, "is not JSON"),
     ],

@@ -124,6 +124,23 @@ def test_the_segmenter_trains_on_uint8_masks_ignoring_void_pixels_and_reports_me
         assert torch.isfinite(seen["val/loss"])
 
 
+def test_the_segmenter_refuses_an_ignore_index_other_than_the_datas():
+    from types import SimpleNamespace
+
+    from feedline.datasets import Field, Fields
+    from feedline.models.segmenter import check_ignore_index
+
+    fields = Fields(
+        [Field("image", "image"), Field("seg", "mask", classes=("a", "b"), ignore_index=0)], "seg"
+    )
+    check_ignore_index(0, SimpleNamespace(fields=fields))
+    check_ignore_index(255, None)  # no datamodule (a plain loop): nothing to compare
+    with pytest.raises(
+        ValueError, match=r"model.ignore_index=255, .* 'seg' with 0 .*set model.ignore_index=0"
+    ):
+        check_ignore_index(255, SimpleNamespace(fields=fields))
+
+
 def test_the_multilabel_classifier_trains_on_multi_hot_targets_and_reports_map_and_f1():
     y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     x = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)

@@ -9,6 +9,7 @@ to colours). 8-bit grayscale PNGs go through torchvision's decoder (libpng), the
 from __future__ import annotations
 
 import io
+import logging
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from torchvision.io import ImageReadMode
 
 from feedline.transforms.decode import _DECODE_OP, MAX_PIXELS, DecodeError, failure, image_size
 
+log = logging.getLogger(__name__)
 _GRAY = ImageReadMode.GRAY.value
 _PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -53,9 +55,23 @@ def decode_mask(payload, max_pixels: int | None = None) -> torch.Tensor:
     return _decode_mask_pil(payload, head)
 
 
+_warned_jpeg = False
+
+
+def _lossy(head: bytes) -> None:
+    global _warned_jpeg
+    if head.startswith(b"\xff\xd8\xff") and not _warned_jpeg:
+        _warned_jpeg = True
+        log.warning(
+            "a mask is stored as JPEG: its lossy compression changes class indices along the edges; store masks "
+            "as PNG (convert.py writes them so)"
+        )
+
+
 def _decode_mask_pil(payload: np.ndarray, head: bytes) -> torch.Tensor:
     from PIL import Image
 
+    _lossy(head)
     try:
         with Image.open(io.BytesIO(payload.tobytes())) as img:
             img.load()

@@ -17,6 +17,7 @@ raised while the index is built, before training.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -195,9 +196,14 @@ def _number(value, where, row: int) -> float:
     try:
         if isinstance(value, bool) or value is None or (isinstance(value, str) and not value.strip()):
             raise ValueError
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise TableError(f"{where(row)}: {_text(value)[:80]!r} is not a number") from None
+    if not math.isfinite(number):  # a NaN target turns the loss NaN with no row named
+        raise TableError(
+            f"{where(row)}: {_text(value)[:80]!r} is not a finite number (NaN and infinities are refused)"
+        )
+    return number
 
 
 def numbers(cells: list, where) -> dict:
@@ -227,4 +233,8 @@ def vectors(cells: list, where) -> dict:
                 f"{where(row)}: a vector of {len(vector)} numbers, where the rows before it hold {width}"
             )
         out.append(vector)
-    return {"vectors": np.asarray(out, dtype=np.float32).reshape(len(cells), width or 0)}
+    packed = np.asarray(out, dtype=np.float32).reshape(len(cells), width or 0)
+    overflow = np.flatnonzero(~np.isfinite(packed).all(axis=1)) if packed.size else ()
+    if len(overflow):  # finite as written, beyond float32's range once stored
+        raise TableError(f"{where(int(overflow[0]))}: a number beyond float32's range (about 3.4e38)")
+    return {"vectors": packed}
