@@ -158,8 +158,21 @@ def test_a_mix_of_sources_with_the_same_fields_reads_both_and_refuses_others():
     assert val.part.tolist() == [0, 0, 0, 0] and check_batch(val)
     other = PixelSource(6)
     other.fields = Fields([*FIELDS.values()][:3], target="mask")
-    with pytest.raises(ValueError, match="source.parts.a and source.parts.b hold different fields"):
+    with pytest.raises(
+        ValueError, match="parts.a and source.parts.b hold different fields: field 'caption' is in"
+    ):
         _ = MixSource({"a": {"source": PixelSource(6)}, "b": {"source": other}}).fields
+    renamed = PixelSource(6)
+    renamed.fields = Fields([*FIELDS.values()][::-1], target="mask")  # the same fields, in another order
+    assert MixSource({"a": {"source": PixelSource(6)}, "b": {"source": renamed}}).fields == FIELDS
+    renamed.fields = Fields(
+        [Field("mask", "mask", classes=("a", "b", "c", "e")), *[*FIELDS.values()][2:], FIELDS["image"]],
+        "mask",
+    )
+    with pytest.raises(
+        ValueError, match=r"field 'mask' has classes \('a', 'b', 'c', 'd'\) in one and \('a', 'b', 'c', 'e'\)"
+    ):
+        _ = MixSource({"a": {"source": PixelSource(6)}, "b": {"source": renamed}}).fields
 
 
 def test_source_fields_config_is_checked_by_key():

@@ -30,7 +30,7 @@ from feedline.datasets.manifest.tables import read_table
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: NaN and infinite numbers refused; an index built before may hold them
 ARRAYS = {
     "image": ("text", "offsets"),
     "mask": ("text", "offsets"),

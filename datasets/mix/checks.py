@@ -139,11 +139,11 @@ def same_fields(parts) -> Fields | None:
         return None
     first, fields = each[0]
     for part, other in each[1:]:
-        if other.identity(columns=False) != fields.identity(columns=False):
+        differs = first_difference(fields, other)
+        if differs:
             raise ValueError(
-                f"source.parts.{first.name} and source.parts.{part.name} hold different fields "
-                f"({fields.describe()} | {other.describe()}): the parts of a mix must give samples of the same "
-                "fields, kinds and class lists"
+                f"source.parts.{first.name} and source.parts.{part.name} hold different fields: {differs}; the "
+                "parts of a mix must give samples of the same fields, kinds and class lists"
             )
     mapped = [part.name for part, _ in each if part.class_map or part.label is not None]
     if mapped:
@@ -152,3 +152,24 @@ def same_fields(parts) -> Fields | None:
             "fields must share their class lists as they are"
         )
     return fields
+
+
+def first_difference(a: Fields, b: Fields) -> str | None:
+    """What first differs between two parts' fields, in words (None: the same fields, in any order)."""
+    if set(a) != set(b):
+        only = sorted(set(a) ^ set(b))
+        return f"field {only[0]!r} is in one part only ({', '.join(a)} | {', '.join(b)})"
+    if a.target != b.target or a.input != b.input:
+        return f"the target is {a.target!r} in one and {b.target!r} in the other (or the input image differs)"
+    for name in a:
+        x, y = a[name], b[name]
+        for key in ("kind", "classes", "ignore_index"):
+            if getattr(x, key) != getattr(y, key) and (key != "ignore_index" or x.kind == "mask"):
+                return f"field {name!r} has {key} {_short(getattr(x, key))} in one and {_short(getattr(y, key))} in the other"
+    return None
+
+
+def _short(value) -> str:
+    if isinstance(value, tuple) and len(value) > 6:
+        return f"({', '.join(map(repr, value[:6]))}, ... {len(value)} in all)"
+    return repr(value)
