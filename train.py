@@ -27,6 +27,7 @@ from feedline.cli.instantiate import instantiate, instantiate_all, require, shor
 from feedline.cli.run_dir import own_run_dir
 from feedline.cli.secrets import from_command_line, hidden_overrides
 from feedline.cli.trainer_keys import check_trainer_keys, trainer_arguments
+from feedline.models.training import check_target
 
 log = logging.getLogger("feedline")
 
@@ -46,6 +47,9 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data, "data")
     datamodule.check_stages("fit")  # a missing or empty split fails here, before the model and trainer
+    check_target(
+        _model_class(cfg.model), datamodule
+    )  # a classifier fed masks: refused now, with the model to pick
     model = instantiate(cfg.model, "model", num_classes=datamodule.num_classes)
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_all(cfg.get("logger"), "logger")
@@ -82,6 +86,14 @@ def _fit(cfg: DictConfig, ckpt_path: str | None, job_started: float) -> dict:
     }
     _report(summary)
     return summary
+
+
+def _model_class(cfg):
+    """The class ``cfg._target_`` names, or None where it names no importable class (its build will say)."""
+    try:
+        return hydra.utils.get_class(cfg.get("_target_"))
+    except Exception:  # noqa: BLE001 - the model's own instantiation reports a bad target
+        return None
 
 
 def check_launch(trainer: L.Trainer) -> None:

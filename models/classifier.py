@@ -12,10 +12,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from feedline.models.training import adamw_cosine, log_loss, scaled
+from feedline.models.training import ChecksTarget, adamw_cosine, log_loss, scaled
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(ChecksTarget, L.LightningModule):
+    target_kinds = ("class",)  # the kinds of source.target it trains on (training.check_target)
+
     def __init__(
         self,
         net: Callable[..., torch.nn.Module],

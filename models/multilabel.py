@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelF1Score
 
 from feedline.models.nets import SmallCNN
-from feedline.models.training import adamw_cosine, log_loss, scaled
+from feedline.models.training import ChecksTarget, adamw_cosine, log_loss, scaled
 
 
-class MultiLabelClassifier(L.LightningModule):
+class MultiLabelClassifier(ChecksTarget, L.LightningModule):
+    target_kinds = ("classes",)  # the kinds of source.target it trains on (training.check_target)
     # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
     checkpoint_monitor = ("val/map", "max")
 

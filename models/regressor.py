@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError
 
 from feedline.models.nets import SmallCNN
-from feedline.models.training import adamw_cosine, log_loss, scaled
+from feedline.models.training import ChecksTarget, adamw_cosine, log_loss, scaled
 
 LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss}
 
 
-class ImageRegressor(L.LightningModule):
+class ImageRegressor(ChecksTarget, L.LightningModule):
+    target_kinds = ("number", "vector")  # the kinds of source.target it trains on (training.check_target)
     # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
     checkpoint_monitor = ("val/mae", "min")
 

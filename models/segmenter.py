@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from feedline.datasets.fields import IGNORE_INDEX
-from feedline.models.training import adamw_cosine, log_loss, scaled
+from feedline.models.training import ChecksTarget, adamw_cosine, log_loss, scaled
 
 
 def lraspp(num_classes: int, weights=None, weights_backbone=None, **kwargs) -> torch.nn.Module:
@@ -43,7 +43,8 @@ def check_ignore_index(ignore_index: int, datamodule) -> None:
         )
 
 
-class Segmenter(L.LightningModule):
+class Segmenter(ChecksTarget, L.LightningModule):
+    target_kinds = ("mask",)  # the kinds of source.target it trains on (training.check_target)
     # the metric its best checkpoints are kept by (callbacks/checkpoint.py)
     checkpoint_monitor = ("val/miou", "max")
 
@@ -66,6 +67,7 @@ class Segmenter(L.LightningModule):
         self.val_miou = MulticlassJaccardIndex(num_classes, ignore_index=ignore_index, average="macro")
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)  # the target's kind
         check_ignore_index(self.hparams.ignore_index, getattr(self.trainer, "datamodule", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -37,3 +37,42 @@ def adamw_cosine(module: L.LightningModule) -> dict:
     epochs = trainer.max_epochs if trainer and trainer.max_epochs and trainer.max_epochs > 0 else 1
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
     return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
+# What a run should pick for each kind of target, when the model it picked trains on another kind.
+MODEL_FOR = {
+    "class": "model=small_cnn (or resnet18)",
+    "classes": "model=multilabel",
+    "mask": "model=segmenter",
+    "number": "model=regressor",
+    "vector": "model=regressor",
+    "text": "a model of your own (docs/tasks.md shows one for captions)",
+    "json": "a model of your own",
+    "image": "a model of your own",
+}
+
+
+def check_target(model, datamodule) -> None:
+    """Refuse, before any work, a model (class or instance) whose ``target_kinds`` does not hold the kind of the
+    data's target (``datamodule.fields``): a classifier fed masks fails deep in its loss, naming nothing."""
+    kinds = getattr(model, "target_kinds", None)
+    fields = getattr(datamodule, "fields", None)
+    if not kinds or fields is None:
+        return
+    target = fields[fields.target]
+    if target.kind not in kinds:
+        name = model.__name__ if isinstance(model, type) else type(model).__name__
+        raise ValueError(
+            f"{name} trains on a target of kind {' or '.join(kinds)}, and source.target={target.name!r} is of kind "
+            f"{target.kind}: use {MODEL_FOR.get(target.kind, 'a model of your own')}, or set source.target to a "
+            f"field of kind {kinds[0]}"
+        )
+
+
+class ChecksTarget:
+    """A mixin for feedline's LightningModules: ``setup`` checks the data's target kind (``check_target``)."""
+
+    target_kinds: tuple[str, ...] = ()
+
+    def setup(self, stage: str) -> None:
+        check_target(self, getattr(self.trainer, "datamodule", None))

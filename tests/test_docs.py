@@ -122,6 +122,15 @@ def test_the_configuration_reference_shows_every_option_schema_and_every_key():
             assert f"`{prefix}.{field.name}`{{.feedline-key}}" in table, (match["target"], field.name)
 
 
+def test_the_config_groups_table_lists_every_option_each_group_has():
+    table = (DOCS / "reference" / "configuration.md").read_text().split("## Config groups")[1]
+    rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines() if line.startswith("| `")}
+    for group in ("source", "transforms", "collate", "model", "trainer", "logger", "callbacks", "experiment"):
+        options = sorted(p.stem for p in (ROOT_DIR / "conf" / group).glob("*.yaml"))
+        missing = [o for o in options if f"`{o}`" not in rows[group]]
+        assert not missing, f"docs/reference/configuration.md's {group} row does not name {missing}"
+
+
 def test_the_configuration_reference_names_every_key_the_entry_points_set_themselves():
     """The keys of conf/train.yaml, bench.yaml and convert.yaml outside any group (seed, ckpt_path, ...)."""
     from omegaconf import OmegaConf

@@ -218,3 +218,24 @@ def test_each_shapes_experiment_trains_from_the_command_line(tmp_path):
         assert f"summary: {names[0]}=" in done.stderr + done.stdout  # the model's own metric, said at the end
         assert summary["samples"] == {"train": 19, "val": 5}  # a seeded 20% of the 24 rows
         assert (sweep / job / "checkpoints" / "epoch00.ckpt").exists()  # the best, by the model's metric
+
+
+def test_a_model_refuses_a_target_of_another_kind_and_names_the_model_to_pick():
+    from types import SimpleNamespace
+
+    from feedline.datasets import Field, Fields
+    from feedline.models import ImageClassifier
+    from feedline.models.training import check_target
+
+    masks = SimpleNamespace(
+        fields=Fields([Field("image", "image"), Field("seg", "mask", classes=("a", "b"))], "seg")
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"ImageClassifier trains on a target of kind class, .*='seg' is of kind mask: use model=segmenter",
+    ):
+        check_target(ImageClassifier, masks)
+    check_target(Segmenter, masks)
+    tags = Fields([Field("image", "image"), Field("t", "classes", classes=("a",))], "t")
+    with pytest.raises(ValueError, match="use model=multilabel"):
+        check_target(Segmenter(num_classes=2, net=partial(SmallUNet, width=4)), SimpleNamespace(fields=tags))
