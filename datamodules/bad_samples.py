@@ -56,6 +56,8 @@ class BadSamples:
             raise BadSampleError(
                 f"{count} of {self.size} samples are unreadable, more than data.max_bad_fraction="
                 f"{self.max_fraction:g} allows ({self.allowed}); found here: {shown}"
-                f"{' ...' if len(self.seen_here) > 5 else ''} (each was logged as it was found). Check the "
-                f"data, or raise data.max_bad_fraction"
+                f"{' ...' if len(self.seen_here) > 5 else ''} (each was logged as it was found, with why). Check "
+                "the data; when the reasons are alike (a mask value beyond the class list, a field of the wrong "
+                "kind), check the config that declares the fields first: skipping would drop every such "
+                "sample. Else raise data.max_bad_fraction"
             )
