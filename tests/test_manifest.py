@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 
 import numpy as np
@@ -353,3 +354,20 @@ def test_images_a_parquet_table_holds_are_read_from_it(tmp_path):
     pq.write_table(pa.Table.from_pylist(table), tmp_path / "mixed.parquet")
     with pytest.raises(ValueError, match=r"mixed\.parquet row 5 .*column 'image': .* holds no encoded image"):
         _source(tmp_path / "mixed.parquet", fields=fields, target="mask").prepare()
+
+
+def test_a_class_column_with_nearly_a_class_per_row_is_questioned(tmp_path, caplog):
+    rows = _samples(tmp_path, 24)
+    table = _write(tmp_path / "ids.csv", rows)
+    with caplog.at_level(logging.WARNING, logger="feedline.datasets.manifest.columns"):
+        _source(table, fields={"image": "image", "id": "class"}, target="id").prepare()
+    assert (
+        "source.fields.id (kind class) found 24 classes in 24 rows" in caplog.text
+        and "kind: number" in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="feedline.datasets.manifest.columns"):
+        _source(
+            table, fields={"image": "image", "label": "class"}, target="label", cache_dir=tmp_path / "c2"
+        ).prepare()
+    assert "found" not in caplog.text  # 3 classes in 24 rows

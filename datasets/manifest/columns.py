@@ -17,6 +17,7 @@ raised while the index is built, before training.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -24,6 +25,8 @@ import numpy as np
 
 from feedline.datasets.fields import Field
 from feedline.datasets.manifest.tables import ROWS, TableError
+
+log = logging.getLogger(__name__)
 
 SHOWN = 10  # class names listed per error
 
@@ -157,6 +160,16 @@ def labels(cells: list, field: Field, where) -> tuple[dict, list[str]]:
             raise TableError(f"{where(row)}: the class is empty")
         names.append(name)
     classes = list(field.classes) if field.classes is not None else class_list(names)
+    if field.classes is None and len(names) >= 20 and len(set(names)) > len(names) // 2:
+        log.warning(
+            "source.fields.%s (kind class) found %d classes in %d rows: nearly one per row. If the column holds "
+            "numbers to regress, declare it kind: number; if it names classes, list them in "
+            "source.fields.%s.classes",
+            field.name,
+            len(set(names)),
+            len(names),
+            field.name,
+        )
     lookup = Lookup(field, classes, where)
     dtype = np.int16 if len(classes) < 2**15 else np.int32
     return {"labels": np.fromiter((lookup(n, r) for r, n in enumerate(names)), dtype, len(names))}, classes
