@@ -50,7 +50,7 @@ from feedline.datamodules.sample_fields import layout_of
 from feedline.datamodules.samples import SampleDataset
 from feedline.datamodules.split_dataset import split_dataset
 from feedline.datamodules.workers import WorkerInit
-from feedline.datasets.fields import Fields, fields_of
+from feedline.datasets.fields import Fields, check_classes, fields_of
 from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Source
 from feedline.moved import old_names
@@ -219,8 +219,10 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         for declared in ahead:  # data.stages: every split the run will use, at the first setup()
             self.setup(declared)
         self._bind_mix()
-        if not self.fields.is_classification and hasattr(self.collate, "bind"):
-            self.collate.bind(layout_of(self.fields))  # each kind of field has its own way into a batch
+        if not self.fields.is_classification:
+            check_classes(self.source, self.fields)
+            if hasattr(self.collate, "bind"):
+                self.collate.bind(layout_of(self.fields))  # each kind of field has its own way into a batch
         for split in _STAGES.get(stage or "fit", ("train", "val")):
             if split not in self.datasets:
                 self.datasets[split] = self._dataset(split)

@@ -48,8 +48,11 @@ class FieldDecoder:
         sample = {}
         size = None
         for name, kind, count in self.kinds:
-            if name not in record:
-                raise DecodeError(f"field {name!r} is missing from the sample (it holds {', '.join(record)})")
+            if name not in record:  # a reader's bug, not bad data: never skipped
+                raise KeyError(
+                    f"the source's record has no field {name!r} (it holds {', '.join(record)}); a source with "
+                    f"fields ({', '.join(self.fields)}) must read each of them for every sample"
+                )
             value = record[name]
             if timings is not None:
                 t0 = timings[0]()

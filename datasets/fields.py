@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import keyword
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 KINDS = ("image", "mask", "class", "classes", "number", "vector", "text", "json")
 SPATIAL = ("image", "mask")  # fields a crop or flip moves together
@@ -43,6 +46,7 @@ RESERVED = (
     "get",
     "of",
 )
+_SAID: set = set()  # (field key, ignore_index) warned about in this process
 IGNORE_INDEX = 255  # a mask's "no class here" value: padding, and the void label of VOC-style masks
 
 
@@ -166,6 +170,25 @@ def check_field(f: Field, where: str) -> None:
             raise ValueError(f"{key}.classes names {', '.join(map(repr, twice[:5]))} more than once")
     if f.kind == "mask" and not 0 <= int(f.ignore_index) <= 255:
         raise ValueError(f"{key}.ignore_index={f.ignore_index} must be in 0..255 (masks are uint8)")
+    if f.kind in ("mask", "classes", "class") and f.classes is not None and not f.classes:
+        raise ValueError(f"{key}.classes is empty: list the class names, in index order")
+    if f.kind == "mask" and f.classes is not None:
+        if len(f.classes) > 255:
+            raise ValueError(
+                f"{key}.classes lists {len(f.classes)} classes: a mask is uint8, so it holds at most 255 classes "
+                "beside its ignore_index"
+            )
+        if int(f.ignore_index) < len(f.classes) and (key, f.ignore_index) not in _SAID:
+            _SAID.add((key, f.ignore_index))  # once: fields are built in every process
+            log.warning(
+                "%s.ignore_index=%d is a class index (%r): its pixels never train nor count in the IoU. Right for "
+                "a void class kept in the list (ADE20K's 0); else set %s.ignore_index to a value from %d to 255",
+                key,
+                f.ignore_index,
+                f.classes[int(f.ignore_index)],
+                key,
+                len(f.classes),
+            )
 
 
 def fields_from_config(fields: Mapping, target: str | None, where: str = "source.fields") -> Fields:
@@ -216,3 +239,15 @@ def fields_of(source) -> Fields:
     """What a source's samples hold: its ``fields``, or image and class for a source that declares none."""
     fields = getattr(source, "fields", None)
     return fields if fields is not None else CLASSIFICATION
+
+
+def check_classes(source, fields: Fields) -> None:
+    """A source with fields says its classes twice, as ``classes`` and as its target's class list: they must
+    agree, or the model would get another number of outputs than the target has classes."""
+    said, declared = list(source.classes), fields.classes
+    if declared and said != declared:
+        raise ValueError(
+            f"{type(source).__name__}.classes ({len(said)}: {', '.join(said[:5])}{', ...' if len(said) > 5 else ''}) "
+            f"is not its target field {fields.target!r}'s class list ({len(declared)}: "
+            f"{', '.join(declared[:5])}{', ...' if len(declared) > 5 else ''}): return fields.classes from classes"
+        )

@@ -57,7 +57,10 @@ STACKS = {
         RandomResizedCrop(48, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
         RandomHorizontalFlip(p=1.0),
     ],
-    "nearest": lambda: [RandomResizedCrop(48, interpolation=v2.InterpolationMode.NEAREST)],
+    "nearest": lambda: [
+        RandomResizedCrop(48, interpolation=v2.InterpolationMode.NEAREST),
+        RandomHorizontalFlip(p=0.7),
+    ],
     # whole 48x48 images: the window is often already the output size (torchvision returns it as it is)
     "whole image": lambda: [
         RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)),

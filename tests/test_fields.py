@@ -4,6 +4,7 @@ collate, resume on another world, mix), each kind reaches the batch as its kind,
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import warnings
 
@@ -265,14 +266,17 @@ def test_reduced_decode_serves_an_image_alone_and_turns_off_beside_a_mask():
     assert sample["image"].shape == (3, 256, 256) and sample["mask"].shape == (1, 256, 256)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_crop_finished_in_the_collate_gives_the_stacks_very_pixels_and_draws(seed):
+NEAREST = [v2.RandomResizedCrop(24, interpolation=v2.InterpolationMode.NEAREST), v2.RandomHorizontalFlip()]
+
+
+@pytest.mark.parametrize(("seed", "crop"), [(0, CROP), (1, CROP), (2, NEAREST), (3, NEAREST)])
+def test_the_crop_finished_in_the_collate_gives_the_stacks_very_pixels_and_draws(seed, crop):
     from feedline.transforms.deferred import DeferredCrop, PendingMask
 
     dm = loaders(PixelSource(4), train=None)
     dm.setup("fit")
     samples = [dm.datasets["train"][i] for i in range(4)]
-    stack, deferred = v2.Compose(CROP), DeferredCrop(CROP)
+    stack, deferred = v2.Compose(crop), DeferredCrop(crop)
     torch.manual_seed(seed)
     plain = DefaultCollate()([stack(dict(s)) for s in samples])
     torch.manual_seed(seed)
@@ -302,3 +306,29 @@ def test_a_mask_value_beyond_the_class_list_and_a_nan_number_are_bad_input():
         decode({"image": image, "mask": mask, "n": 1.0})
     with pytest.raises(DecodeError, match=r"field 'n': nan is not finite"):
         decode({"image": image, "mask": np.ones((4, 4), np.uint8), "n": float("nan")})
+
+
+def test_a_mask_class_list_is_checked_against_uint8_and_the_source_against_its_target(caplog):
+    with pytest.raises(ValueError, match=r"source.fields.m.classes lists 300 classes: a mask is uint8"):
+        Fields([Field("image", "image"), Field("m", "mask", classes=tuple(map(str, range(300))))], "m")
+    with pytest.raises(ValueError, match=r"source.fields.m.classes is empty"):
+        Fields([Field("image", "image"), Field("m", "mask", classes=())], "m")
+    with caplog.at_level(logging.WARNING, logger="feedline.datasets.fields"):
+        Fields([Field("image", "image"), Field("m", "mask", classes=("void", "cat"), ignore_index=0)], "m")
+    assert "source.fields.m.ignore_index=0 is a class index ('void')" in caplog.text
+    wrong = PixelSource(8)
+    wrong.classes = ["a", "b"]  # the target has 4
+    with pytest.raises(ValueError, match=r"PixelSource.classes \(2: a, b\) is not its target field 'mask'"):
+        loaders(wrong).setup("fit")
+
+
+def test_a_record_without_a_declared_field_is_a_source_bug_never_skipped():
+    class Forgetful(PixelSource):
+        def split(self, name):
+            records = super().split(name)
+            read = records.read
+            records.read = lambda row: {k: v for k, v in read(row).items() if k != "caption"}
+            return records
+
+    with pytest.raises(KeyError, match="the source's record has no field 'caption'"):
+        next(iter(loaders(Forgetful(8), on_bad_sample="skip").train_dataloader()))

@@ -7,7 +7,8 @@ the output and a Python call chain per transform. When the collate writes batche
 same order, as the stack would (so a sample's seed gives the same crop and flip as before, in any worker and
 after a resume) and returns a ``PendingCrop``, the decoded image with its window. The collate then resizes
 each window directly into its slot of the shared-memory batch, flipping the window as it packs it for the
-resize kernel (a horizontal flip commutes with a resize). The pixels equal the stack's, bit for bit
+resize kernel (a horizontal flip commutes with the antialiased bilinear resize; any other interpolation is
+resized first and flipped after, as the stack does). The pixels equal the stack's, bit for bit
 (``tests/test_deferred.py``); only the copies and calls are gone (``benchmarks/peers.py``).
 
 A sample of named fields (a dict holding one ``tv_tensors.Image`` and any number of ``tv_tensors.Mask`` of its
@@ -60,22 +61,28 @@ class PendingCrop:
     def dtype(self) -> torch.dtype:
         return self.image.dtype
 
-    def window(self) -> torch.Tensor:
-        """The crop window, flipped when drawn so, packed channels-last (one copy of at most the image)."""
+    def window(self, flipped: bool = True) -> torch.Tensor:
+        """The crop window, flipped when drawn so (and ``flipped``), packed channels-last (one copy of at most
+        the image)."""
         top, left, height, width = self.box
         window = self.image[:, top : top + height, left : left + width]
-        return channels_last(window.flip(-1) if self.flip else window)
+        return channels_last(window.flip(-1) if self.flip and flipped else window)
 
     def write_into(self, out: torch.Tensor) -> None:
-        """Resize the window into ``out``, a (C, *size) uint8 view of the batch."""
-        window = self.window()
+        """Resize the window into ``out``, a (C, *size) uint8 view of the batch. The antialiased bilinear kernel
+        is mirror-symmetric, so the window is flipped as it is packed; any other interpolation (nearest picks
+        ``floor(i * scale)``, which is not) is resized first and flipped after, as the stack does."""
         crop = self.crop
-        if _fused_kernel(crop) and tuple(window.shape[1:]) != tuple(crop.size):
-            _AA(window[None], list(crop.size), False, None, None, out=out[None])
-        else:  # any other interpolation, or a window already of the output size: torchvision's own resize
-            out.copy_(
-                F.resize(window, list(crop.size), interpolation=crop.interpolation, antialias=crop.antialias)
-            )
+        if _fused_kernel(crop) and tuple(self.box[2:]) != tuple(crop.size):
+            _AA(self.window()[None], list(crop.size), False, None, None, out=out[None])
+            return
+        resized = F.resize(  # torchvision's own resize; a window of the output size comes back as it is
+            self.window(flipped=False),
+            list(crop.size),
+            interpolation=crop.interpolation,
+            antialias=crop.antialias,
+        )
+        out.copy_(resized.flip(-1) if self.flip else resized)
 
     def materialize(self) -> torch.Tensor:
         """The image the stack would have returned, as a tensor (for code that wants one)."""
