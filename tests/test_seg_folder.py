@@ -110,6 +110,10 @@ def test_split_trees_give_val_and_test(tmp_path, make_cfg):
         source.split("test")
     with pytest.raises(FileNotFoundError, match=r"neither images/ nor train/images/"):
         SegFolderSource(str(tmp_path), num_classes=4)
+    seg_tree(tmp_path / "flat", rows=range(4))  # images/ and masks/ at the root, and a val/ tree beside them
+    seg_tree(tmp_path / "flat" / "val", rows=range(20, 22))
+    with pytest.raises(ValueError, match=r"holds images/ and val/images/: move images/ and masks/ under"):
+        SegFolderSource(str(tmp_path / "flat"), num_classes=4)
 
 
 def test_a_mask_removed_after_indexing_is_named_as_bad_input(tmp_path):

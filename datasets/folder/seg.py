@@ -160,6 +160,12 @@ def _trees(root: str) -> dict[str, str]:
     """split -> tree: root itself when it holds images/, else root/train, with root/val and root/test
     where they hold images/."""
     if os.path.isdir(os.path.join(root, IMAGES)):
+        beside = [s for s in ("val", "test") if os.path.isdir(os.path.join(root, s, IMAGES))]
+        if beside:  # root/images is train, and root/val would be silently unused
+            raise ValueError(
+                f"source.root '{root}' holds images/ and {beside[0]}/images/: move images/ and masks/ under "
+                f"{root}/train/ to read {beside[0]}/ as the {beside[0]} split (or point source.root at one tree)"
+            )
         return {"train": root}
     trees = {
         split: os.path.join(root, split)
