@@ -371,3 +371,19 @@ def test_a_class_column_with_nearly_a_class_per_row_is_questioned(tmp_path, capl
             table, fields={"image": "image", "label": "class"}, target="label", cache_dir=tmp_path / "c2"
         ).prepare()
     assert "found" not in caplog.text  # 3 classes in 24 rows
+
+
+def test_a_table_that_is_not_utf8_is_named_with_the_fix_and_a_list_skips_comments(tmp_path):
+    rows = _samples(tmp_path, 4)
+    rows[1]["caption"] = "café"
+    table = tmp_path / "latin.csv"
+    table.write_bytes(open(_write(tmp_path / "t.csv", rows), encoding="utf-8").read().encode("latin-1"))
+    with pytest.raises(
+        ValueError, match=r"latin\.csv is not UTF-8 text \(byte \d+: .*\): save the table as UTF-8"
+    ):
+        _source(table).prepare()
+    listed = tmp_path / "list.txt"
+    listed.write_text("# path label\n" + "".join(f"{r['image']} {r['label']}\n" for r in rows))
+    source = _source(listed)
+    source.prepare()
+    assert len(source.split("train")) == 4

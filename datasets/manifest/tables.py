@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 FORMATS = {
     ".csv": "csv",
@@ -60,11 +63,27 @@ def header(path: str) -> list[str]:
         import pyarrow.parquet as pq
 
         return list(pq.read_schema(path).names)
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        first = next(csv.reader(f, delimiter="\t" if fmt == "tsv" else ","), None)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            first = next(csv.reader(f, delimiter="\t" if fmt == "tsv" else ","), None)
+    except UnicodeDecodeError as err:
+        raise TableError(not_utf8(path, err)) from None
     if not first:
         raise TableError(f"{path} is empty: its first row must name the columns")
+    if len(first) == 1 and any(sep in first[0] for sep in "\t;|"):
+        sep = next(sep for sep in "\t;|" if sep in first[0])
+        said = {"\t": "tabs: name the file .tsv", ";": "semicolons", "|": "bars"}[sep]
+        log.warning(
+            "%s's header is one column, %r, holding %s (feedline reads commas in a .csv)",
+            path,
+            first[0][:60],
+            said,
+        )
     return [c.strip() for c in first]
+
+
+def not_utf8(path: str, err: UnicodeDecodeError) -> str:
+    return f"{path} is not UTF-8 text (byte {err.start}: {err.reason}): save the table as UTF-8"
 
 
 def content_digest(path: str) -> str:
@@ -129,7 +148,9 @@ def _read_csv(path: str, delimiter: str) -> Table:
                 quoted_strings_can_be_null=False,
             ),
         )
-    except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise TableError(not_utf8(path, err)) from None
+    except pa.ArrowInvalid as err:
         kind = "TSV" if delimiter == "\t" else "CSV"
         why = _ragged(path, delimiter, len(names)) or err
         raise TableError(f"{path} does not read as a {kind} table: {why}") from None
@@ -164,9 +185,13 @@ def _read_parquet(path: str, columns) -> Table:
 def _read_list(path: str) -> Table:
     paths, labels = [], []
     with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, 1):
+        try:
+            lines = f.readlines()
+        except UnicodeDecodeError as err:
+            raise TableError(not_utf8(path, err)) from None
+        for number, line in enumerate(lines, 1):
             line = line.strip()
-            if not line:
+            if not line or line.startswith("#"):  # blank lines and comments
                 continue
             parts = line.rsplit(None, 1)  # the label is the last word: a path may hold spaces
             if len(parts) != 2:
