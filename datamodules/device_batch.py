@@ -23,6 +23,13 @@ class DeviceBatch:
                 f"transforms.mix (mixup/cutmix) mixes class targets; this source's target {target.name!r} is of "
                 f"kind {target.kind}, which mixing would make wrong: drop mix=... for this data"
             )
+        spatial = [f.name for f in self.fields.of_kind("image", "mask") if f.name != self.fields.input]
+        if spatial:
+            raise ValueError(
+                f"transforms.mix (mixup/cutmix) mixes the images and the target; this source's samples also hold "
+                f"{spatial[0]!r}, which it would leave describing only one of two mixed images: drop mix=... or "
+                "that field"
+            )
         if getattr(self.transforms.mix, "num_classes", 0) is None:
             self.transforms.mix.num_classes = self.num_classes  # mixup/cutmix: soft labels need the count
 

@@ -32,6 +32,9 @@ class FieldDecoder:
         self.kinds = [(f.name, f.kind, len(f.classes or ())) for f in fields.values()]
         self.ignore = {f.name: f.ignore_index for f in fields.of_kind("mask")}
         self.single_spatial = len(fields.of_kind(*SPATIAL)) == 1
+        # Beside a mask, an image is turned as its EXIF orientation says: masks are drawn on the photo as
+        # viewers show it, and a PNG mask has no orientation of its own.
+        self.exif = bool(fields.of_kind("mask"))
 
     def layout(self) -> SampleLayout:
         return layout_of(self.fields)
@@ -58,7 +61,7 @@ class FieldDecoder:
                 t0 = timings[0]()
             try:
                 if kind == "image":
-                    image = decode(value, floor if self.single_spatial else None, max_pixels)
+                    image = decode(value, floor if self.single_spatial else None, max_pixels, self.exif)
                     value = tv_tensors.Image(image)
                 elif kind == "mask":
                     value = tv_tensors.Mask(
@@ -89,9 +92,10 @@ class FieldDecoder:
                 if size is None:
                     size = (name, here)
                 elif here != size[1]:
+                    turned = " (its transpose: a photo turned by an EXIF tag the mask was not drawn on?)"
                     raise DecodeError(
                         f"field {name!r} is {here[1]}x{here[0]} but {size[0]!r} is {size[1][1]}x{size[1][0]}: "
-                        "a mask must have its image's size"
+                        f"a mask must have its image's size{turned if here == size[1][::-1] else ''}"
                     )
             sample[name] = value
         return sample

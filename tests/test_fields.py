@@ -91,6 +91,9 @@ def test_mixup_is_refused_for_a_mask_target_and_mixes_multi_hot_targets():
     tagged = PixelSource(8)
     tagged.fields = Fields(list(FIELDS.values()), target="tags")
     tagged.classes = ["x", "y", "z"]
+    with pytest.raises(ValueError, match="also hold 'mask', which it would leave describing only one"):
+        ImageLoaders(tagged, stacks, Uint8Collate(), batch_size=4).setup("fit")
+    tagged.fields = Fields([f for f in FIELDS.values() if f.name != "mask"], target="tags")
     dm = ImageLoaders(tagged, stacks, Uint8Collate(), batch_size=4, seed=1)
     batch = dm.device_batch(next(iter(dm.train_dataloader())), training=True, seed=0)
     assert batch.tags.shape == (4, 3) and torch.allclose(batch.tags.sum(1), torch.ones(4))
@@ -332,3 +335,26 @@ def test_a_record_without_a_declared_field_is_a_source_bug_never_skipped():
 
     with pytest.raises(KeyError, match="the source's record has no field 'caption'"):
         next(iter(loaders(Forgetful(8), on_bad_sample="skip").train_dataloader()))
+
+
+def test_beside_a_mask_a_photo_is_turned_as_its_exif_orientation_says():
+    from feedline.datamodules.sample_fields import FieldDecoder
+
+    image, mask = pixels(3)  # 48x56, not square
+    stored = Image.fromarray(np.ascontiguousarray(np.rot90(image, 1)))  # the sensor's frame: turned
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    buffer = io.BytesIO()
+    stored.save(buffer, "JPEG", quality=95, exif=exif)
+    jpeg = np.frombuffer(buffer.getvalue(), np.uint8).copy()
+    sample = FieldDecoder(
+        Fields([Field("image", "image"), Field("mask", "mask", classes=tuple("abcd"))], "mask")
+    )({"image": jpeg, "mask": png(mask, "L")})
+    assert tuple(sample["image"].shape[-2:]) == mask.shape  # displayed as drawn, so the mask fits
+    assert np.abs(sample["image"].permute(1, 2, 0).numpy().astype(int) - image).mean() < 4  # pixel for pixel
+    captioned = FieldDecoder(Fields([Field("image", "image"), Field("c", "text")], "c"))(
+        {"image": jpeg, "c": "x"}
+    )
+    assert (
+        tuple(captioned["image"].shape[-2:]) == mask.shape[::-1]
+    )  # no mask: as stored, as ImageFolder reads it

@@ -51,14 +51,16 @@ def _torchvision_reads(head: bytes) -> bool:
     return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
 
 
-def decode(payload, floor=None, max_pixels: int | None = None) -> torch.Tensor:
+def decode(payload, floor=None, max_pixels: int | None = None, exif: bool = False) -> torch.Tensor:
     """Payload -> uint8 (3, H, W) tensor. Encoded bytes (numpy uint8 array, bytes or uint8 tensor) are
     decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB.
 
     ``floor`` (from ``transforms.reduce.minimum_size``) lets a JPEG decode at 1/2, 1/4 or 1/8 scale when
     the image stays at or above the size the first transform needs. An image whose header says it has more
     than ``max_pixels`` pixels (None: MAX_PIXELS, PIL's limit; 0: no limit) is refused before it is decoded:
-    a small file can claim a huge image (a decompression bomb)."""
+    a small file can claim a huge image (a decompression bomb). ``exif``: turn the image as its EXIF
+    orientation says (a phone's photo, as viewers show it and annotators draw masks on it); off by default, as
+    torchvision's ImageFolder reads it."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         payload = np.frombuffer(payload, dtype=np.uint8)
     if isinstance(payload, np.ndarray) and payload.ndim == 1 and payload.dtype == np.uint8:
@@ -93,11 +95,11 @@ def decode(payload, floor=None, max_pixels: int | None = None) -> torch.Tensor:
             reduction(floor, *size) if floor is not None and size and head.startswith(b"\xff\xd8\xff") else 1
         )
         if factor > 1:
-            image = _decode_pil(data, factor)
+            image = _decode_pil(data, factor, exif)
         elif _torchvision_reads(head):
-            image = _decode_torchvision(data)
+            image = _decode_torchvision(data, exif)
         else:
-            image = _decode_pil(data)
+            image = _decode_pil(data, exif=exif)
     except DecodeError:
         raise
     except Exception as err:  # decoders raise RuntimeError / OSError / ValueError / ...
@@ -137,11 +139,11 @@ def failure(err: Exception, head: bytes) -> str:
     return f"a corrupt or truncated {kind} file ({reason[0].lower()}{reason[1:]})"
 
 
-def _decode_torchvision(data: torch.Tensor) -> torch.Tensor:
+def _decode_torchvision(data: torch.Tensor, exif: bool = False) -> torch.Tensor:
     """JPEG, PNG, GIF or WebP bytes -> uint8 (3, H, W), through torchvision.io (libjpeg-turbo, ...)."""
     if _DECODE_OP is None:
-        return decode_image(data, mode=ImageReadMode.RGB)
-    return _DECODE_OP(data, _RGB, False)
+        return decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=exif)
+    return _DECODE_OP(data, _RGB, exif)
 
 
 def image_size(data: np.ndarray, head: bytes) -> tuple[int, int] | None:
@@ -193,7 +195,7 @@ def jpeg_size(data: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
-def _decode_pil(data: torch.Tensor, factor: int = 1) -> torch.Tensor:
+def _decode_pil(data: torch.Tensor, factor: int = 1, exif: bool = False) -> torch.Tensor:
     """PIL's decoders; ``factor`` > 1 asks libjpeg for a DCT-scaled decode (``Image.draft``)."""
     from PIL import Image
 
@@ -201,6 +203,10 @@ def _decode_pil(data: torch.Tensor, factor: int = 1) -> torch.Tensor:
         if factor > 1:
             img.draft("RGB", (img.width // factor, img.height // factor))
         img.load()
+        if exif:
+            from PIL import ImageOps
+
+            img = ImageOps.exif_transpose(img)
         if img.mode.startswith("I;16") or img.mode == "I":
             array = (np.asarray(img, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8)
             array = np.repeat(array[:, :, None], 3, axis=2)

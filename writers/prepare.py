@@ -70,7 +70,8 @@ def prepare(i: int):
                 "format writes images and labels only: convert to HDF5 (out.format=hdf5)"
             )
         payload, label = (record[_fields.input], record) if _fields is not None else record
-        image = decode(payload)
+        # beside a mask, a photo is turned as its EXIF tag says, as the reader turns it (sample_fields.py)
+        image = decode(payload, exif=_fields is not None and bool(_fields.of_kind("mask")))
         if _fields is not None:
             label = prepared(_fields, record, tuple(image.shape[-2:]), _geometry(image))
     except (OSError, DecodeError, BadInput) as err:
