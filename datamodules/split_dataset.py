@@ -47,6 +47,9 @@ def split_dataset(loaders, split: str) -> SampleDataset:
         else {}
     )
     parts = {k: compose(stack) for k, stack in own.items()}
+    if split != "predict":  # pixels a transform invents (padding, rotation corners) carry no class
+        for stack in (transform, *parts.values()):
+            fill_masks(stack, loaders.fields)
     if getattr(loaders.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
         transform = defer_crop(transform)
         parts = {k: defer_crop(t) for k, t in parts.items()}
@@ -88,3 +91,26 @@ def check_part_sizes(dataset: SampleDataset, own: dict) -> None:
             f"the parts' train stacks end at different sizes: {said}; images of one batch must share one: end "
             f"each part's stack with the same crop or resize (or use collate=pad)"
         )
+
+
+def fill_masks(transform, fields) -> None:
+    """Give every transform of ``transform`` that fills new pixels (a pad, a rotation's corners, a zoom-out) the
+    mask's ``ignore_index`` as its fill for masks, where the stack does not say one: torchvision fills every type
+    with the one value given (0 by default), and 0 is a class. A stack that names a fill for
+    ``tv_tensors.Mask`` keeps it."""
+    masks = fields.of_kind("mask") if fields is not None else []
+    if not masks or transform is None:
+        return
+    from torchvision import tv_tensors
+
+    ignore = masks[0].ignore_index  # one fill per transform: the first mask's (each mask's, when they agree)
+    for t in _each(transform):
+        fill = getattr(t, "_fill", None)
+        if isinstance(fill, dict) and tv_tensors.Mask not in fill:
+            fill[tv_tensors.Mask] = ignore
+
+
+def _each(transform):
+    yield transform
+    for inner in getattr(transform, "transforms", None) or ():
+        yield from _each(inner)

@@ -358,3 +358,26 @@ def test_beside_a_mask_a_photo_is_turned_as_its_exif_orientation_says():
     assert (
         tuple(captioned["image"].shape[-2:]) == mask.shape[::-1]
     )  # no mask: as stored, as ImageFolder reads it
+
+
+def test_pixels_a_transform_invents_carry_the_masks_ignore_index():
+    pad = [v2.RandomCrop(64, pad_if_needed=True), v2.RandomRotation(30)]
+    dm = loaders(PixelSource(4), DefaultCollate(), train=pad)
+    batch = next(iter(dm.train_dataloader()))
+    # black: padding and rotated-in corners; a real pixel's red is its sample's row, so row 0 is left out
+    invented = (batch.image == 0).all(1) & (batch.id > 0)[:, None, None]
+    assert invented.sum() > 1000 and (batch.mask[invented] == 255).float().mean() > 0.95
+
+
+def test_a_segmenter_step_on_void_alone_is_zero_not_nan():
+    from functools import partial
+
+    from feedline.models import Segmenter
+    from feedline.models.nets import SmallUNet
+
+    model = Segmenter(num_classes=2, net=partial(SmallUNet, width=4))
+    model.log = lambda *a, **k: None
+    loss = model.training_step(
+        (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), torch.full((2, 16, 16), 255)), 0
+    )
+    assert loss.item() == 0.0 and loss.requires_grad

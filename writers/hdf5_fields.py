@@ -82,6 +82,8 @@ def _stored(value, kind: str, count: int, size, geometry):
         return indices
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError("it holds a NUL character, which HDF5's strings cannot store")
     return value
 
 
