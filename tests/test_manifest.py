@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -377,7 +378,7 @@ def test_a_table_that_is_not_utf8_is_named_with_the_fix_and_a_list_skips_comment
     rows = _samples(tmp_path, 4)
     rows[1]["caption"] = "café"
     table = tmp_path / "latin.csv"
-    table.write_bytes(open(_write(tmp_path / "t.csv", rows), encoding="utf-8").read().encode("latin-1"))
+    table.write_bytes(Path(_write(tmp_path / "t.csv", rows)).read_text(encoding="utf-8").encode("latin-1"))
     with pytest.raises(
         ValueError, match=r"latin\.csv is not UTF-8 text \(byte \d+: .*\): save the table as UTF-8"
     ):
