@@ -47,6 +47,19 @@ class DecodeError(ValueError):
     """The payload is not an image this pipeline can read (corrupt, truncated or unknown format)."""
 
 
+def claimed_size(array: np.ndarray, head: bytes, max_pixels: int | None, what: str = "image"):
+    """(height, width) from the header (None where it cannot tell), refused when it claims more than
+    ``max_pixels`` pixels (None: MAX_PIXELS; 0: no limit) before a byte is decoded: a decompression bomb."""
+    size = image_size(array, head)
+    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if size is not None and limit and size[0] * size[1] > limit:
+        raise DecodeError(
+            f"the {what} claims {size[1]}x{size[0]} = {size[0] * size[1]:,} pixels, over the limit of "
+            f"{limit:,} (data.max_pixels): a decompression bomb, or raise data.max_pixels"
+        )
+    return size
+
+
 def _torchvision_reads(head: bytes) -> bool:
     return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
 
@@ -82,13 +95,7 @@ def decode(payload, floor=None, max_pixels: int | None = None, exif: bool = Fals
     if array.size == 0:
         raise DecodeError("empty file")
     head = array[:12].tobytes()
-    size = image_size(array, head)
-    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
-    if size is not None and limit and size[0] * size[1] > limit:
-        raise DecodeError(
-            f"the image claims {size[1]}x{size[0]} = {size[0] * size[1]:,} pixels, over the limit of "
-            f"{limit:,} (data.max_pixels): a decompression bomb, or raise data.max_pixels"
-        )
+    size = claimed_size(array, head, max_pixels)
     data = torch.as_tensor(array)
     try:
         factor = (

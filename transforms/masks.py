@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode
 
-from feedline.transforms.decode import _DECODE_OP, MAX_PIXELS, DecodeError, failure, image_size
+from feedline.transforms.decode import _DECODE_OP, DecodeError, claimed_size, failure
 
 log = logging.getLogger(__name__)
 _GRAY = ImageReadMode.GRAY.value
@@ -41,12 +41,7 @@ def decode_mask(payload, max_pixels: int | None = None) -> torch.Tensor:
     if payload.size == 0:
         raise DecodeError("empty mask file")
     head = payload[:12].tobytes()
-    size = image_size(payload, head)
-    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
-    if size is not None and limit and size[0] * size[1] > limit:
-        raise DecodeError(
-            f"the mask claims {size[1]}x{size[0]} pixels, over the limit of {limit:,} (data.max_pixels)"
-        )
+    claimed_size(payload, head, max_pixels, "mask")
     if head.startswith(_PNG) and payload.size > 25 and payload[25] == 0 and payload[24] == 8 and _DECODE_OP:
         try:  # 8-bit grayscale PNG: libpng, as the values are
             return _DECODE_OP(torch.as_tensor(payload), _GRAY, False)
