@@ -149,8 +149,13 @@ def test_a_strict_resume_refuses_other_fields():
     state = loader.state_dict()
     other = PixelSource(12)
     other.fields = Fields([*FIELDS.values()][:2], target="mask")  # a field dropped
-    with pytest.raises(ResumeError, match="sample fields"):
+    with pytest.raises(ResumeError, match="sample fields") as refused:
         loaders(other).train_dataloader().load_state_dict(state)
+    said = str(refused.value)  # what changed, in words: the fields dropped were there then, not now
+    assert (
+        "caption: text" in said.split(" then, ")[0]
+        and "caption" not in said.split(" then, ")[1].split(" now")[0]
+    )
 
 
 def test_a_mix_of_sources_with_the_same_fields_reads_both_and_refuses_others():

@@ -84,7 +84,10 @@ class TrainLoader:
         )  # a source's own order: what it draws from
         counts["order"] = identity() if callable(identity) else None
         content = getattr(dataset.records, "content_digest", None)  # a table's rows, beside the fields
-        counts["fields"] = self.fields.digest() + (f"/{content()}" if callable(content) else "")
+        # in words where they say what changed (names, kinds, class counts), a digest for the rest (class
+        # names, columns), and the table's content apart: a refusal then says which of them to undo
+        said = f"{self.fields.describe()}; digest {self.fields.digest()}"
+        counts["fields"] = said + (f"; table content {content()}" if callable(content) else "")
         return counted_in(self.source, self._train_digest, counts, world_size, seed, self.drop_last)
 
     def _fit_progress(self) -> tuple[int, int] | None:

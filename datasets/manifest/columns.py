@@ -246,7 +246,8 @@ def vectors(cells: list, where) -> dict:
                 f"{where(row)}: a vector of {len(vector)} numbers, where the rows before it hold {width}"
             )
         out.append(vector)
-    packed = np.asarray(out, dtype=np.float32).reshape(len(cells), width or 0)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, named just below
+        packed = np.asarray(out, dtype=np.float32).reshape(len(cells), width or 0)
     overflow = np.flatnonzero(~np.isfinite(packed).all(axis=1)) if packed.size else ()
     if len(overflow):  # finite as written, beyond float32's range once stored
         raise TableError(f"{where(int(overflow[0]))}: a number beyond float32's range (about 3.4e38)")
