@@ -194,6 +194,18 @@ def json_checksum(document: dict) -> int:
     return zlib.crc32(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape"))
 
 
+def checked_meta(directory, fmt: int) -> dict | None:
+    """``directory``'s meta.json, None where there is none; ValueError where it does not match its checksum or
+    was written in another ``format`` (the caller rebuilds what it describes)."""
+    path = Path(directory) / "meta.json"
+    if not path.exists():
+        return None
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("checksum") != json_checksum(meta) or meta.get("format") != fmt:
+        raise ValueError("meta.json does not match its checksum")
+    return meta
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (parents created)."""
     path = Path(path)

@@ -23,7 +23,14 @@ import os
 import time
 
 from feedline.datasets.arrays import LazyArray
-from feedline.datasets.cache import cache_path, check_array, json_checksum, save_array, write_text
+from feedline.datasets.cache import (
+    cache_path,
+    check_array,
+    checked_meta,
+    json_checksum,
+    save_array,
+    write_text,
+)
 from feedline.datasets.fields import SPATIAL, Field
 from feedline.datasets.manifest import columns
 from feedline.datasets.manifest.tables import read_table
@@ -121,13 +128,10 @@ def _build(table_path: str, root: str, specs: list[Field]) -> tuple[dict, dict, 
 
 def _load(directory, specs: list[Field]) -> dict | None:
     """The cached index in ``directory``, or None when there is none or it is damaged (with a warning)."""
-    meta_path = directory / "meta.json"
-    if not meta_path.exists():
-        return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("checksum") != json_checksum(meta) or meta.get("format") != FORMAT:
-            raise ValueError("meta.json does not match its checksum")
+        meta = checked_meta(directory, FORMAT)
+        if meta is None:
+            return None
         arrays = {}
         for f in specs:
             for part in EMBEDDED if f.name in meta["embedded"] else ARRAYS[f.kind]:

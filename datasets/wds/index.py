@@ -22,7 +22,14 @@ import time
 import numpy as np
 
 from feedline.datasets.arrays import LazyArray
-from feedline.datasets.cache import cache_path, check_array, json_checksum, save_array, write_text
+from feedline.datasets.cache import (
+    cache_path,
+    check_array,
+    checked_meta,
+    json_checksum,
+    save_array,
+    write_text,
+)
 from feedline.datasets.wds.tars import TarError, find_tars, scan_tar
 
 log = logging.getLogger(__name__)
@@ -124,13 +131,10 @@ def _save(directory, index: dict) -> None:
 
 def _load(directory) -> dict | None:
     """The cached index in ``directory``, or None when there is none or it is damaged (with a warning)."""
-    meta_path = directory / "meta.json"
-    if not meta_path.exists():
-        return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("checksum") != json_checksum(meta) or meta.get("format") != FORMAT:
-            raise ValueError("meta.json does not match its checksum")
+        meta = checked_meta(directory, FORMAT)
+        if meta is None:
+            return None
         n = int(meta["samples"])
         shapes = {"rows": (n, 3), "labels": (n,), "names": (n,)}
         index = dict(meta)
