@@ -41,6 +41,7 @@ PUBLIC = {
         "MixSource": "feedline.datasets.mix.source",
         "ManifestSource": "feedline.datasets.manifest.source",
         "ShapesSource": "feedline.datasets.shapes.source",
+        "CocoSource": "feedline.datasets.coco.source",
     },
     "feedline.datamodules": {
         "ImageDataModule": "feedline.datamodules.image",

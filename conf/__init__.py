@@ -13,6 +13,7 @@ def register() -> None:
 
     from feedline.datamodules.options import DataConfig
     from feedline.datasets.options import (
+        CocoOptions,
         FolderOptions,
         HDF5Options,
         LazyFolderOptions,
@@ -38,6 +39,7 @@ def register() -> None:
         "manifest": ManifestOptions,
         "shapes": ShapesOptions,
         "seg_folder": SegFolderOptions,
+        "coco": CocoOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from feedline.public import exports as _exports
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
+    from feedline.datasets.coco.source import CocoSource
     from feedline.datasets.fields import Field, Fields
     from feedline.datasets.folder.digits import DigitsSource
     from feedline.datasets.folder.lazy import LazyFolderSource
@@ -34,5 +35,6 @@ __all__ = [
     "MixSource",
     "ManifestSource",
     "ShapesSource",
+    "CocoSource",
 ]
 __getattr__, __dir__ = _exports(__name__)
