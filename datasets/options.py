@@ -143,3 +143,21 @@ class ShapesOptions:
     test_fraction: float = 0.0  # a seeded share held out for trainer.test
     seed: int = 0  # the split's seed (the images are always the same)
     cache_dir: Optional[str] = None  # noqa: UP045 - where the manifest index and the splits are kept
+
+
+@dataclass
+class CocoOptions:
+    _target_: str = "feedline.datasets.CocoSource"
+    annotations: str = REQUIRED  # the instances JSON (annotations/instances_train2017.json)
+    images: str = REQUIRED  # the folder its images' file_name start from (train2017/)
+    val_annotations: Optional[str] = None  # noqa: UP045 - val's JSON (with val_images); else val_fraction
+    val_images: Optional[str] = None  # noqa: UP045 - the folder of val's images
+    test_annotations: Optional[str] = None  # noqa: UP045 - a JSON for trainer.test (with test_images)
+    test_images: Optional[str] = None  # noqa: UP045
+    val_fraction: float = 0.1  # without val_annotations: a seeded share of the images
+    test_fraction: float = 0.0  # without test_annotations: a seeded share held out for test
+    seed: int = 0
+    crowd: bool = False  # false: iscrowd annotations are left out (torchvision's detection references do)
+    empty: str = "keep"  # keep | skip: an image without (kept) annotations is a sample with no boxes, or none
+    masks: bool = False  # true: each box's instance mask (polygons or RLE, through pycocotools)
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the index and the splits are kept
