@@ -131,9 +131,9 @@ def check_spellings(parts, names: list[list[str]]) -> None:
 
 
 def same_fields(parts) -> Fields | None:
-    """The fields every part's samples hold (None: image and class, each part's classes merged by name).
-    Parts whose samples hold other fields, or the same fields with other class lists, are refused by name:
-    a batch has one set of fields, and a mask's pixel values one meaning."""
+    """The fields every part's samples hold, class lists aside (None: image and class, each part's classes
+    merged by name; else the first part's, whose class lists ``labels.merge_fields`` merges). Parts whose
+    samples hold other fields are refused by name: a batch has one set of fields."""
     each = [(part, fields_of(part.source)) for part in parts]
     if all(fields.is_classification for _, fields in each):
         return None
@@ -143,19 +143,20 @@ def same_fields(parts) -> Fields | None:
         if differs:
             raise ValueError(
                 f"source.parts.{first.name} and source.parts.{part.name} hold different fields: {differs}; the "
-                "parts of a mix must give samples of the same fields, kinds and class lists"
+                "parts of a mix must give samples of the same fields and kinds (their class lists merge)"
             )
     mapped = [part.name for part, _ in each if part.class_map or part.label is not None]
     if mapped:
         raise ValueError(
             f"source.parts.{mapped[0]}: class_map and label relabel image-and-class samples; parts with named "
-            "fields must share their class lists as they are"
+            "fields merge their class lists by name, field by field"
         )
     return fields
 
 
 def first_difference(a: Fields, b: Fields) -> str | None:
-    """What first differs between two parts' fields, in words (None: the same fields, in any order)."""
+    """What first differs between two parts' fields, in words (None: the same fields, in any order, class
+    lists aside: ``identity(columns=False)`` less the class lists, compared field by field to name one)."""
     if set(a) != set(b):
         only = sorted(set(a) ^ set(b))
         return f"field {only[0]!r} is in one part only ({', '.join(a)} | {', '.join(b)})"
@@ -163,9 +164,17 @@ def first_difference(a: Fields, b: Fields) -> str | None:
         return f"the target is {a.target!r} in one and {b.target!r} in the other (or the input image differs)"
     for name in a:
         x, y = a[name], b[name]
-        for key in ("kind", "classes", "ignore_index"):
-            if getattr(x, key) != getattr(y, key) and (key != "ignore_index" or x.kind == "mask"):
-                return f"field {name!r} has {key} {_short(getattr(x, key))} in one and {_short(getattr(y, key))} in the other"
+        for key in ("kind", "ignore_index"):  # a boxes field's format: the mix converts it (labels.py)
+            if key == "ignore_index" and x.kind != "mask":
+                continue
+            if getattr(x, key, None) != getattr(y, key, None):
+                return (
+                    f"field {name!r} has {key} {_short(getattr(x, key, None))} in one and "
+                    f"{_short(getattr(y, key, None))} in the other"
+                )
+        if (x.classes is None) != (y.classes is None):
+            listed = "the first" if x.classes is not None else "the second"
+            return f"field {name!r} has a class list in {listed} part only (give both parts its classes)"
     return None
 
 

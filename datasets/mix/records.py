@@ -7,6 +7,7 @@ import hashlib
 
 import numpy as np
 
+from feedline.datasets.mix.labels import remap
 from feedline.datasets.mix.order import mix_order
 
 
@@ -15,8 +16,10 @@ class MixRecords:
     ``offsets[p + 1]``), labels mapped to the mix's classes. The train split draws its epochs
     (``epoch_order``, ``epoch_samples``); every split tells the part of a row (``part_of``)."""
 
-    def __init__(self, names, records, maps, counts=None):
+    def __init__(self, names, records, maps, counts=None, field_maps=None):
         self.names, self.records, self.maps = list(names), list(records), list(maps)
+        # each part's {field: (kind, map)} into the mix's merged class lists (``labels.merge_fields``)
+        self.field_maps = list(field_maps) if field_maps is not None else [{} for _ in self.records]
         self.offsets = np.concatenate([[0], np.cumsum([len(r) for r in self.records])]).astype(np.int64)
         self.counts = counts  # samples per part per epoch (train), or None
 
@@ -33,10 +36,10 @@ class MixRecords:
         return self._mapped(p, self.records[p][i - int(self.offsets[p])])
 
     def _mapped(self, p: int, record):
-        """A part's record with its label mapped to the mix's classes; a record of named fields as it is
-        (the parts share their class lists: ``checks.same_fields``)."""
+        """A part's record with its label mapped to the mix's classes; a record of named fields with each
+        field's indices mapped to the merged class lists (``labels.remap``)."""
         if isinstance(record, dict):
-            return record
+            return remap(record, self.field_maps[p], self.names[p])
         payload, label = record
         return payload, int(self.maps[p][label]) if label >= 0 else label
 
@@ -91,7 +94,13 @@ class MixRecords:
     def label_identity(self) -> str:
         """How each part's labels map to the mix's classes (its class_map, label): a resume checks it, as a
         swap within a part keeps the class list and gives its samples other labels."""
-        return ";".join(f"{name}:{','.join(map(str, m.tolist()))}" for name, m in zip(self.names, self.maps))
+        said = [f"{name}:{','.join(map(str, m.tolist()))}" for name, m in zip(self.names, self.maps)]
+        for name, maps in zip(self.names, self.field_maps):  # named fields' maps: a mask's table too
+            for f, (_, m, convert) in sorted(maps.items()):
+                said.append(
+                    f"{name}.{f}:{'' if m is None else ','.join(map(str, m.tolist()))}:{convert or ''}"
+                )
+        return ";".join(said)
 
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)

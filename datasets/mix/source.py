@@ -4,6 +4,9 @@
     classes     merged by name: the first part's classes in its order, then each later part's new names in
                 its order; a part renames or merges its classes (``class_map``) or labels all its samples
                 one class (``label``)
+    fields      parts with named fields hold the same fields (class lists aside); each class, classes, mask and
+                boxes field's class lists merge by the same rule, and a part's indices are remapped as its
+                records are read (``labels.py``)
     train       each epoch a draw (``datasets/mix/order.py``): a pure function of (seed, epoch) over the parts'
                 train splits, so the sampler, the DDP partition and resume treat it as any source's order
     val, test   the union of the parts' splits, unweighted; each record knows its part (``part_of``), so
@@ -19,8 +22,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from feedline.datasets.fields import Fields
 from feedline.datasets.mix.checks import check_parts, same_fields
+from feedline.datasets.mix.labels import merge_fields
 from feedline.datasets.mix.order import quotas
 from feedline.datasets.mix.parts import Part, _count, _named, merge_classes
 from feedline.datasets.mix.records import MixRecords
@@ -46,6 +52,7 @@ class MixSource(Source):
         check_parts(self.parts)  # no data shared between parts, nor a chunk cache under two limits
         self.epoch_size = int(epoch_size) if epoch_size is not None else None
         self._merged = None
+        self._fields: tuple | None = None  # (merged Fields, each part's maps), or (None, no maps)
 
     @property
     def part_names(self) -> list[str]:
@@ -66,12 +73,20 @@ class MixSource(Source):
 
     @property
     def classes(self) -> list[str]:
-        return self._classes()[0]
+        fields = self.fields
+        return fields.classes if fields is not None else self._classes()[0]
+
+    def _merged_fields(self) -> tuple:
+        if self._fields is None:
+            same = same_fields(self.parts)  # refused by name where the parts hold other fields
+            self._fields = merge_fields(self.parts) if same is not None else (None, [{} for _ in self.parts])
+        return self._fields
 
     @property
     def fields(self) -> Fields | None:
-        """The parts' fields, which must be the same (None: image and class, whose class lists merge)."""
-        return same_fields(self.parts)
+        """The parts' fields, which must be the same but for their class lists, merged (None: image and
+        class, whose class lists merge as ``classes``)."""
+        return self._merged_fields()[0]
 
     def part_transforms(self) -> dict[int, Any]:
         """Each part's own per-sample train stack (a list of transforms), where it has one ([]: none)."""
@@ -83,8 +98,21 @@ class MixSource(Source):
                 part.source.prepare()
             except Exception as err:
                 raise _named(err, part.name) from err
-        self._merged = None
-        self._classes()
+        self._merged = self._fields = None
+        fields = self._merged_fields()[0]
+        if fields is None:
+            self._classes()  # says the merged classes
+        else:
+            for f in fields.values():  # the merged class lists, said once
+                if f.classes:
+                    more = f", ... ({len(f.classes) - 30} more)" if len(f.classes) > 30 else ""
+                    log.info(
+                        "source=mix %s classes (%d): %s%s",
+                        f.name,
+                        len(f.classes),
+                        ", ".join(f.classes[:30]),
+                        more,
+                    )
 
     def _split_of(self, part: Part, name: str):
         try:
@@ -94,7 +122,8 @@ class MixSource(Source):
 
     def split(self, name: str) -> MixRecords:
         name = check_split(name)
-        _, maps = self._classes()
+        fields, field_maps = self._merged_fields()
+        maps = self._classes()[1] if fields is None else [np.zeros(0, np.int64)] * len(self.parts)
         if name == "train":
             records = [self._split_of(p, name) for p in self.parts]
             counts = quotas(
@@ -106,10 +135,10 @@ class MixSource(Source):
             empty = [p.name for p, r, c in zip(self.parts, records, counts) if c and not len(r)]
             if empty:
                 raise ValueError(f"source.parts.{empty[0]} has no train samples to draw from")
-            return MixRecords(self.part_names, records, maps, counts)
-        names, records, kept = [], [], []
+            return MixRecords(self.part_names, records, maps, counts, field_maps)
+        names, records, kept, kept_fields = [], [], [], []
         errors = []
-        for part, mapping in zip(self.parts, maps):
+        for part, mapping, field_map in zip(self.parts, maps, field_maps):
             try:
                 records.append(self._split_of(part, name))
             except ValueError as err:
@@ -128,9 +157,10 @@ class MixSource(Source):
                 log.warning("the val split of %s is empty: %s", part.key, message)
             names.append(part.name)
             kept.append(mapping)
+            kept_fields.append(field_map)
         if not records:
             raise ValueError(f"no part of the mix has a {name} split: {'; '.join(errors)}")
-        return MixRecords(names, records, kept)
+        return MixRecords(names, records, kept, field_maps=kept_fields)
 
     def __repr__(self) -> str:  # each part's own: a conversion of the mix records what it was made from
         return f"MixSource({', '.join(f'{p.name}={p.source!r}' for p in self.parts)})"
