@@ -53,6 +53,8 @@ PUBLIC = {
         "DefaultCollate": "feedline.transforms.collate",
         "Uint8Collate": "feedline.transforms.collate",
         "PadCollate": "feedline.transforms.collate",
+        "DetectionCollate": "feedline.transforms.detection_collate",
+        "SanitizeBoxes": "feedline.transforms.boxes",
         "MixupCutmix": "feedline.transforms.mix",
         "RandomResizedCrop": "feedline.transforms.crop",
         "RandomHorizontalFlip": "feedline.transforms.flip",

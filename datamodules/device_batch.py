@@ -52,19 +52,29 @@ class DeviceBatch:
             batch.x_name,
             batch.y_name,
         )  # the image is normalised, the target mixed; other fields stay as they are
+        if isinstance(batch[x], (list, tuple)):  # collate=detection listed images of different sizes
+            images = [self._checked(self.transforms.on_device(i, None, False)[0], 3) for i in batch[x]]
+            return batch.replace(**{x: images})
         image = self._format(batch[x])  # on uint8, before the batch stack: the cheapest copy if any
         seeded = seed is not None and training and self.transforms.mix is not None
         with torch.random.fork_rng(devices=[]) if seeded else contextlib.nullcontext():
             if seeded:  # the mix of this batch, whatever ran before it
                 torch.default_generator.manual_seed(seed)
             image, label = self.transforms.on_device(image, batch[y], training)
-        image = self._format(image)  # a no-op unless a transform changed the layout
-        if image.dim() == 4 and not image.is_floating_point():
+        image = self._checked(
+            self._format(image), 4
+        )  # _format: a no-op unless a transform changed the layout
+        return batch.replace(**{x: image, y: label})
+
+    @staticmethod
+    def _checked(image: torch.Tensor, dims: int) -> torch.Tensor:
+        """Images (``dims``: 4 stacked, 3 one of a list) must leave the stack as floats."""
+        if image.dim() == dims and not image.is_floating_point():
             raise TypeError(
                 f"images leave the device stack as {image.dtype}: end transforms.batch with ToDtype(float32, "
                 "scale=True) and Normalize, as the transforms groups (imagenet, cifar, digits) do"
             )
-        return batch.replace(**{x: image, y: label})
+        return image
 
     def _format(self, image: torch.Tensor) -> torch.Tensor:
         return image.contiguous(memory_format=self.memory_format) if image.dim() == 4 else image

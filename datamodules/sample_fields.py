@@ -4,8 +4,11 @@ Images become ``tv_tensors.Image`` and masks ``tv_tensors.Mask``: torchvision v2
 one stack crops, resizes and flips a mask with its image (nearest-neighbour for the mask) and leaves the other
 fields alone. Class lists become multi-hot vectors here, so the collate only stacks.
 
-The reduced-size JPEG decode applies where the image is the only spatial field: with a mask beside it, the
-mask would no longer line up, so both decode at full size.
+A boxes field becomes torchvision's detection target (``transforms/boxes.py``), on its image's canvas: its
+``BoundingBoxes`` move with every crop, resize and flip. It is decoded once the image's size is known.
+
+The reduced-size JPEG decode applies where the image is the only field a crop moves: beside a mask or boxes,
+they would no longer line up, so the image decodes at full size.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 import torch
 from torchvision import tv_tensors
 
-from feedline.datasets.fields import SPATIAL, Fields
+from feedline.datasets.fields import GEOMETRIC, SPATIAL, Fields
+from feedline.transforms.boxes import decode_boxes
 from feedline.transforms.decode import DecodeError, decode
 from feedline.transforms.field_collate import SampleLayout
 from feedline.transforms.masks import decode_mask
@@ -31,7 +35,8 @@ class FieldDecoder:
         self.fields = fields
         self.kinds = [(f.name, f.kind, len(f.classes or ())) for f in fields.values()]
         self.ignore = {f.name: f.ignore_index for f in fields.of_kind("mask")}
-        self.single_spatial = len(fields.of_kind(*SPATIAL)) == 1
+        self.single_spatial = len(fields.of_kind(*GEOMETRIC)) == 1
+        self.formats = {f.name: f.format for f in fields.of_kind("boxes")}
         # Beside a mask, an image is turned as its EXIF orientation says: masks are drawn on the photo as
         # viewers show it, and a PNG mask has no orientation of its own.
         self.exif = bool(fields.of_kind("mask"))
@@ -50,6 +55,7 @@ class FieldDecoder:
             )
         sample = {}
         size = None
+        boxes = None
         for name, kind, count in self.kinds:
             if name not in record:  # a reader's bug, not bad data: never skipped
                 raise KeyError(
@@ -57,6 +63,10 @@ class FieldDecoder:
                     f"fields ({', '.join(self.fields)}) must read each of them for every sample"
                 )
             value = record[name]
+            if kind == "boxes":  # on its image's canvas: decoded once the image's size is known
+                boxes = (name, count, value)
+                sample[name] = None
+                continue
             if timings is not None:
                 t0 = timings[0]()
             try:
@@ -98,10 +108,24 @@ class FieldDecoder:
                         f"a mask must have its image's size{turned if here == size[1][::-1] else ''}"
                     )
             sample[name] = value
+        if boxes is not None:
+            name, count, value = boxes
+            t0 = timings[0]() if timings is not None else 0.0
+            canvas = tuple(sample[self.fields.input].shape[-2:])
+            try:
+                sample[name] = decode_boxes(value, self.formats[name], canvas, count)
+            except DecodeError as err:
+                raise DecodeError(f"field {name!r}: {err}") from err
+            except (ValueError, TypeError) as err:
+                raise DecodeError(f"field {name!r} (boxes): {err}") from err
+            if timings is not None:
+                clock, seconds = timings
+                stage = self.stage_of(name, "boxes")
+                seconds[stage] = seconds.get(stage, 0.0) + clock() - t0
         return sample
 
     def stage_of(self, name: str, kind: str) -> str:
-        if kind in SPATIAL:
+        if kind in GEOMETRIC:
             return "decode" if name == self.fields.input else f"decode {name}"
         return "fields"
 

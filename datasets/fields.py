@@ -9,6 +9,9 @@
     vector    float array (D,)                               float32 (D,)                         float32 (N, D)
     text      str                                            str                                  list[str]
     json      str (JSON text)                                the parsed value                     list
+    boxes     {"boxes": (M, 4) in ``format``, "labels": (M,)   {"boxes": BoundingBoxes XYXY,       list of those dicts
+              int, optional "iscrowd", "area", "image_id",     "labels": int64 (M,), ...}:
+              "masks": (M, H, W) or M COCO segmentations}      torchvision's detection target
 
 A classification sample is ``{image, label}`` with ``label`` (kind ``class``) the target: every source that
 declares no fields reads that (``CLASSIFICATION``) and keeps its ``(payload, label)`` records and its fast path.
@@ -26,9 +29,12 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-KINDS = ("image", "mask", "class", "classes", "number", "vector", "text", "json")
-SPATIAL = ("image", "mask")  # fields a crop or flip moves together
-LABELLED = ("class", "classes", "mask")  # kinds whose values index a class list
+KINDS = ("image", "mask", "class", "classes", "number", "vector", "text", "json", "boxes")
+SPATIAL = ("image", "mask")  # fields of pixels: a crop or flip moves them together
+GEOMETRIC = (*SPATIAL, "boxes")  # every field a crop or flip moves
+LABELLED = ("class", "classes", "mask", "boxes")  # kinds whose values index a class list
+BOX_FORMATS = ("XYXY", "XYWH", "CXCYWH")  # a boxes field's ``format``: torchvision's names (COCO's is XYWH)
+PER_BOX = ("labels", "iscrowd", "area", "masks")  # what a boxes value holds per box besides its coordinates
 # Names a batch uses for what it carries besides the fields: a sample field may not take them.
 RESERVED = (
     "valid",
@@ -61,6 +67,7 @@ class Field:
     classes: tuple[str, ...] | None = None
     ignore_index: int = IGNORE_INDEX
     separator: str = " "  # classes: how one table cell lists several class names
+    format: str = "XYXY"  # boxes: the coordinates' format as the source reads them (``BOX_FORMATS``)
 
     @property
     def source_column(self) -> str:
@@ -84,6 +91,19 @@ class Fields(Mapping):
                 f"{where} has no field of kind image: a sample needs one, as `x` of `x, y = batch`"
             )
         self.input = images[0]
+        boxes = [f.name for f in fields if f.kind == "boxes"]
+        if len(boxes) > 1:
+            raise ValueError(
+                f"{where} has {len(boxes)} fields of kind boxes ({', '.join(boxes)}): a sample holds at most one "
+                "(torchvision's box transforms move one set of boxes per image); list every box in one field"
+            )
+        masks = [f.name for f in fields if f.kind == "mask"]
+        if boxes and masks:
+            raise ValueError(
+                f"{where} has boxes ({boxes[0]}) beside a segmentation mask ({masks[0]}): sanitizing the boxes "
+                f"would also drop rows of the mask. Give instance masks inside the boxes field (its 'masks'), "
+                "or train the two tasks from two sources"
+            )
         if target not in self._fields:
             raise ValueError(
                 f"source.target={target!r} is not one of the fields ({', '.join(self._fields)}): name the field "
@@ -130,7 +150,8 @@ class Fields(Mapping):
         ``columns``: what a sample holds, wherever a table keeps it (the parts of a mix compare that)."""
         lines = [
             f"{f.name}\t{f.kind}\t{f.source_column if columns else ''}\t"
-            f"{f.ignore_index if f.kind == 'mask' else ''}\t" + "\x1f".join(f.classes or ())
+            f"{f.ignore_index if f.kind == 'mask' else f.format if f.kind == 'boxes' and columns else ''}\t"
+            + "\x1f".join(f.classes or ())
             for f in self._fields.values()
         ]
         return "\n".join([*lines, f"target\t{self.target}"])
@@ -168,9 +189,13 @@ def check_field(f: Field, where: str) -> None:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"{key}.classes names {', '.join(map(repr, twice[:5]))} more than once")
+    if f.kind == "boxes" and f.format not in BOX_FORMATS:
+        raise ValueError(
+            f"{key}.format={f.format!r} is not one of: {', '.join(BOX_FORMATS)} (COCO's is XYWH)"
+        )
     if f.kind == "mask" and not 0 <= int(f.ignore_index) <= 255:
         raise ValueError(f"{key}.ignore_index={f.ignore_index} must be in 0..255 (masks are uint8)")
-    if f.kind in ("mask", "classes", "class") and f.classes is not None and not f.classes:
+    if f.kind in LABELLED and f.classes is not None and not f.classes:
         raise ValueError(f"{key}.classes is empty: list the class names, in index order")
     if f.kind == "mask" and f.classes is not None:
         if len(f.classes) > 255:
@@ -191,6 +216,9 @@ def check_field(f: Field, where: str) -> None:
             )
 
 
+_KEYS = ("column", "kind", "classes", "ignore_index", "separator", "format")
+
+
 def fields_from_config(fields: Mapping, target: str | None, where: str = "source.fields") -> Fields:
     """``source.fields`` (name -> {column, kind, classes, ...}, or name -> kind) and ``source.target``."""
     if not isinstance(fields, Mapping) or not fields:
@@ -201,11 +229,9 @@ def fields_from_config(fields: Mapping, target: str | None, where: str = "source
             spec = {"kind": spec}
         if not isinstance(spec, Mapping):
             raise ValueError(f"{where}.{name} must be a mapping ({{column: ..., kind: ...}}) or a kind")
-        unknown = sorted(set(spec) - {"column", "kind", "classes", "ignore_index", "separator"})
+        unknown = sorted(set(spec) - set(_KEYS))
         if unknown:
-            raise ValueError(
-                f"{where}.{name}.{unknown[0]} is not a field key (column, kind, classes, ignore_index, separator)"
-            )
+            raise ValueError(f"{where}.{name}.{unknown[0]} is not a field key ({', '.join(_KEYS)})")
         if "kind" not in spec:
             raise ValueError(f"{where}.{name}.kind is required (one of: {', '.join(KINDS)})")
         classes = spec.get("classes")
@@ -220,6 +246,7 @@ def fields_from_config(fields: Mapping, target: str | None, where: str = "source
                 classes=None if classes is None else tuple(str(c) for c in classes),
                 ignore_index=IGNORE_INDEX if ignore is None else int(ignore),
                 separator=str(spec.get("separator") or " "),
+                format=str(spec.get("format") or "XYXY").upper(),
             )
         )
     if target is None:

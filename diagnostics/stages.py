@@ -2,7 +2,7 @@
 
     read        the source's ``read_many``, a batch of indices at a time (a mix: each part's share apart)
     decode      ``dataset.decode``: encoded bytes to pixels (samples of named fields: the input image's)
-    decode <f>  samples of named fields: another image or a mask ``f``, each its own stage
+    decode <f>  samples of named fields: another image, a mask or the boxes ``f``, each its own stage
     fields      samples of named fields: the other fields (classes, numbers, text) together
     transform   ``dataset.augment``: the per-sample transforms
     crop        a train stack's crop and flip that the collate finishes (``transforms/deferred.py``), timed

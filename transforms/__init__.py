@@ -6,8 +6,10 @@ from feedline.public import exports as _exports
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from feedline.transforms.batch import Batch
+    from feedline.transforms.boxes import SanitizeBoxes
     from feedline.transforms.collate import DefaultCollate, PadCollate, Uint8Collate
     from feedline.transforms.crop import RandomResizedCrop
+    from feedline.transforms.detection_collate import DetectionCollate
     from feedline.transforms.flip import RandomHorizontalFlip
     from feedline.transforms.mix import MixupCutmix
     from feedline.transforms.stacks import TransformStacks
@@ -17,6 +19,8 @@ __all__ = [
     "DefaultCollate",
     "Uint8Collate",
     "PadCollate",
+    "DetectionCollate",
+    "SanitizeBoxes",
     "MixupCutmix",
     "RandomResizedCrop",
     "RandomHorizontalFlip",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torchvision import tv_tensors
 
 _OPTIONAL = ("valid", "paths", "part")  # absent reads as None: ``batch.part is None`` for other sources
 
@@ -130,13 +131,19 @@ class Batch:
         return Batch.of({**self._data, **changes}, self._x, self._y)
 
     def apply(self, fn) -> Batch:
-        """A new batch with ``fn`` applied to every tensor (and every tensor in a list or tuple)."""
+        """A new batch with ``fn`` applied to every tensor (and every tensor in a list or tuple, and in the
+        dicts of a list: the detection targets)."""
 
         def each(v):
+            if isinstance(v, tv_tensors.TVTensor):  # boxes keep their format and canvas size
+                out = fn(v)
+                return out if isinstance(out, type(v)) else tv_tensors.wrap(out, like=v)
             if isinstance(v, torch.Tensor):
                 return fn(v)
-            if isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
-                return type(v)(fn(t) for t in v)
+            if isinstance(v, dict):  # a detection target: its boxes, labels, ... tensors
+                return {k: each(t) for k, t in v.items()}
+            if isinstance(v, (list, tuple)) and v and all(isinstance(t, (torch.Tensor, dict)) for t in v):
+                return type(v)(each(t) for t in v)
             return v
 
         return Batch.of({k: each(v) for k, v in self._data.items()}, self._x, self._y)

@@ -193,13 +193,18 @@ class DeferredCrop(v2.Compose):
 
     def _fields(self, sample: dict):
         """A sample of named fields: one uint8 image and masks of its size pend; anything else (another
-        image, boxes, a mask of another size) takes the stack."""
+        image, a detection target's boxes, a mask of another size) takes the stack, so boxes always move
+        through torchvision's own transforms."""
         images = [k for k, v in sample.items() if isinstance(v, tv_tensors.Image)]
         masks = [k for k, v in sample.items() if isinstance(v, tv_tensors.Mask)]
         others = [
             v for v in sample.values() if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, _PENDS)
         ]
-        if len(images) != 1 or others:
+        nested = any(  # a detection target: its boxes move through the stack
+            isinstance(v, dict) and isinstance(v.get("boxes"), tv_tensors.BoundingBoxes)
+            for v in sample.values()
+        )
+        if len(images) != 1 or others or nested:
             return self.forward(sample)
         image = sample[images[0]].as_subclass(torch.Tensor)
         size = tuple(image.shape[-2:])

@@ -8,6 +8,8 @@
     vector    float32 (N, D)
     text      list[str]
     json      list of the parsed values
+    boxes     a list of detection targets (dicts of ``boxes``, ``labels``, ...), one per sample: torchvision's
+              detection models take it as it is (``images, targets = batch``)
 
 In a worker every tensor is written straight into shared memory (``batch_pool.empty``), so it crosses to the
 main process uncopied; ``Uint8Collate`` writes the input image into its reusable pool as it does for
@@ -105,6 +107,8 @@ def collate_fields(samples, layout: SampleLayout, padding=None, image_into=None)
             out[name] = torch.as_tensor(values, dtype=torch.float32)
         elif kind in ("classes", "vector"):
             out[name] = stack(name, [torch.as_tensor(v, dtype=torch.float32) for v in values])
+        elif kind == "boxes":
+            out[name] = [plain_target(v) for v in values]
         else:  # text, json
             out[name] = list(values)
     for extra in ("part",):  # what SampleDataset adds to a mix's val and test samples
@@ -113,6 +117,19 @@ def collate_fields(samples, layout: SampleLayout, padding=None, image_into=None)
     if valid is not None:
         out["valid"] = valid
     return Batch.of(out, layout.x, layout.y)
+
+
+def plain_target(target: dict) -> dict:
+    """A detection target as a batch holds it: the same dict, its ``BoundingBoxes`` kept (their format and
+    canvas size travel with them), each tensor contiguous so it crosses from a worker once."""
+    from torchvision import tv_tensors
+
+    def plain(v):
+        if isinstance(v, tv_tensors.TVTensor):
+            return tv_tensors.wrap(v.as_subclass(torch.Tensor).contiguous(), like=v)
+        return v.contiguous() if isinstance(v, torch.Tensor) else v
+
+    return {k: plain(v) for k, v in target.items()}
 
 
 def infer_layout(sample: dict) -> SampleLayout:
@@ -128,6 +145,8 @@ def infer_layout(sample: dict) -> SampleLayout:
             continue
         if isinstance(value, (tv_tensors.Mask, PendingMask)):
             kind = "mask"
+        elif isinstance(value, dict) and isinstance(value.get("boxes"), tv_tensors.BoundingBoxes):
+            kind = "boxes"
         elif pending(value) or isinstance(value, torch.Tensor) and value.dim() == 3:
             kind = "image"
         elif isinstance(value, torch.Tensor):
