@@ -8,6 +8,9 @@ measurement runs in a fresh spawned process, so imports, page tables and RSS do 
 Measures: first build; cached load (ImageFolder has no cache: every run, rank and job repeats its scan);
 RSS the dataset adds; pickled dataset size; per-worker private memory growth over one epoch of 2 workers
 reading every index (copy-on-read); time to first batch with 2 spawn workers, against a tiny dataset's.
+
+``--quick`` (for tests, not for figures): each measurement runs in a child forked from a process that has
+imported everything once, instead of a fresh spawned one, and the worker rows use one worker.
 """
 
 from __future__ import annotations
@@ -197,11 +200,12 @@ def _child(queue, fn, args) -> None:
         queue.put(("error", traceback.format_exc()))
 
 
-def run(fn, *args) -> dict:
-    """``fn(*args)`` in a fresh spawned process (not a pool worker: it must be able to start workers)."""
+def run(fn, *args, context: str = "spawn") -> dict:
+    """``fn(*args)`` in a fresh spawned process (not a pool worker: it must be able to start workers), or
+    with ``context="fork"`` in a child forked from this process (``--quick``)."""
     import queue as queues
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(context)
     results = ctx.Queue()
     child = ctx.Process(target=_child, args=(results, fn, args))
     child.start()
@@ -222,12 +226,12 @@ def run(fn, *args) -> dict:
     return value
 
 
-def run_all(fn, roots: dict[str, str], cache: str, repeat: int) -> dict[str, dict]:
+def run_all(fn, roots: dict[str, str], cache: str, repeat: int, *extra, context: str = "spawn") -> dict:
     """Every kind in turn, ``repeat`` rounds; per kind, the run with the median time."""
     runs = {kind: [] for kind in roots}
     for _ in range(repeat):
         for kind, root in roots.items():
-            runs[kind].append(run(fn, kind, root, cache))
+            runs[kind].append(run(fn, kind, root, cache, *extra, context=context))
     return {kind: _median(results) for kind, results in runs.items()}
 
 
@@ -260,7 +264,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", ".data"))
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side; the median is reported")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a check that every row runs, not a measurement: forked children of one process, one worker",
+    )
     args = parser.parse_args(argv)
+    context, workers = ("fork", 1) if args.quick else ("spawn", 2)
+    if args.quick:  # imported once here, so that no forked child pays for it
+        _imports()
+        import torch.utils.data  # noqa: F401
 
     per_class = max(1, args.files // args.classes)
     roots = {
@@ -275,17 +288,22 @@ def main(argv=None) -> dict:
         for _ in os.walk(root):
             pass
 
-    build = run_all(measure_build, roots, cache, args.repeat)
-    load = run_all(measure_load, roots, cache, args.repeat)
+    build = run_all(measure_build, roots, cache, args.repeat, context=context)
+    load = run_all(measure_load, roots, cache, args.repeat, context=context)
     bare = _median(
         [
-            run(measure_load, "lazy_folder", roots["lazy_folder"], tempfile.mkdtemp())
+            run(measure_load, "lazy_folder", roots["lazy_folder"], tempfile.mkdtemp(), context=context)
             for _ in range(args.repeat)
         ]
     )  # an empty cache: no manifest, counts on the fly
-    work = {kind: run(measure_workers, kind, root, cache) for kind, root in roots.items()}
-    spawn_tiny = _median([run(measure_spawn, "imagefolder", tiny, cache) for _ in range(args.repeat)])
-    spawn = run_all(measure_spawn, roots, cache, args.repeat)
+    work = {
+        kind: run(measure_workers, kind, root, cache, workers, context=context)
+        for kind, root in roots.items()
+    }
+    spawn_tiny = _median(
+        [run(measure_spawn, "imagefolder", tiny, cache, workers, context=context) for _ in range(args.repeat)]
+    )
+    spawn = run_all(measure_spawn, roots, cache, args.repeat, workers, context=context)
 
     anchor = "imagefolder"
     rows = [
@@ -359,6 +377,7 @@ def main(argv=None) -> dict:
         "classes": args.classes,
         "roots": roots,
         "repeat": args.repeat,
+        "quick": args.quick,
         "rows": result_rows,
         "spawn_tiny_seconds": spawn_tiny["seconds"],
         "raw": {"build": build, "load": load, "no_manifest": bare, "workers": work, "spawn": spawn},

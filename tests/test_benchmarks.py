@@ -46,7 +46,7 @@ def _meets(row: dict, kind: str, target: str) -> bool:
 @pytest.mark.slow
 def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
     printed, result = run_benchmark(
-        "index_scale.py", tmp_path, "--files", "400", "--classes", "20", "--repeat", "1"
+        "index_scale.py", tmp_path, "--files", "400", "--classes", "20", "--repeat", "1", "--quick"
     )
     assert "| first build |" in printed and "| setup without manifest |" in printed
     assert result["files"] == 400
