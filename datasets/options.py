@@ -97,6 +97,9 @@ class WdsOptions:
     seed: int = 0
     label_key: str = "label"  # the field of <key>.json holding the label (a <key>.cls is read first)
     cache_dir: Optional[str] = None  # noqa: UP045 - where the tar index and the split arrays are kept
+    # field -> {column: a member's extension (jpg, seg.png, json), kind, classes, ...}; empty: image and cls/json label
+    fields: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    target: Optional[str] = None  # noqa: UP045 - the field that is y in x, y = batch (with fields)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The ``wds`` source: WebDataset tar shards as they are published (``<key>.jpg`` with ``<key>.cls`` or
-``<key>.json``), read in place.
+``<key>.json``), read in place; with ``source.fields``, each field read from the member of its extension
+(``column: seg.png``; ``values.py`` says what each kind reads, ``field_index.py`` what is indexed).
 
 The tars are indexed once (``datasets/wds/index.py``: each member's name, offset and size, by ``tarfile``) and the
 index is cached; a sample's image is then one ``pread`` at its offset in its tar (O(1), no tar is scanned
@@ -12,16 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
+from feedline.datasets.fields import Field, Fields, fields_from_config
 from feedline.datasets.options import WdsOptions as _O  # the defaults, written once
 from feedline.datasets.overlap.same_data import check_own
 from feedline.datasets.paths import local_path
-from feedline.datasets.records import Records, Source
+from feedline.datasets.records import BadInput, Records, Source
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+from feedline.datasets.wds.field_index import extensions, open_field_index
 from feedline.datasets.wds.index import open_index
 from feedline.datasets.wds.tars import TarError, find_tars
+from feedline.datasets.wds.values import Lookup, read_value
 
 OPEN_TARS = 64  # tars a process keeps open at once (the least recently opened closed first)
 KEYS = ("source.path", "source.val_path", "source.test_path")
@@ -66,19 +72,67 @@ class WdsRecords(Records):
             self._fds[t] = fd
         return fd
 
-    def read(self, row: int):
-        t, offset, size = (int(v) for v in self.rows.array[row])
+    def _pread(self, t: int, offset: int, size: int, row: int) -> np.ndarray:
         buffer = bytearray(size)  # writable: torchvision's decoders take it without a copy
         if os.preadv(self._fd(t), [buffer], offset) != size:
-            raise OSError(f"{self.where(row)}: the tar ends before this image does")
+            raise OSError(f"{self.where(row)}: the tar ends before this member does")
+        return np.frombuffer(buffer, dtype=np.uint8)
+
+    def read(self, row: int):
+        t, offset, size = (int(v) for v in self.rows.array[row])
+        image = self._pread(t, offset, size, row)
         label = int(self.labels.array[row])
-        return np.frombuffer(buffer, dtype=np.uint8), self.label_map[
-            label
-        ] if self.label_map is not None else label
+        return image, self.label_map[label] if self.label_map is not None else label
 
     def where(self, row: int) -> str:
         name = bytes(self.names.array[row]).decode("utf-8", "surrogateescape")
         return f"{self.tars[int(self.rows.array[row, 0])]}:{name}"
+
+
+class WdsFieldRecords(WdsRecords):
+    """One split of a set of tars read as named fields: ``records[i] -> {field: value}``, each field's member
+    read at its offset and parsed by its kind (``values.py``); a missing member is bad input, named."""
+
+    def __init__(self, index: dict, fields: Fields, label_key: str, subset=None):
+        super().__init__(index, subset)
+        self.fields, self.label_key = fields, label_key
+        self.columns = [tuple(c) for c in index["columns"]]
+        self._lookups: dict[str, Lookup] = {}
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_lookups": {}}
+
+    def _lookup(self, field: Field) -> Lookup | None:
+        if field.classes is None:
+            return None
+        if field.name not in self._lookups:
+            self._lookups[field.name] = Lookup(field.classes)
+        return self._lookups[field.name]
+
+    def read(self, row: int) -> dict:
+        r = [int(v) for v in self.rows.array[row]]
+        out = {}
+        for k, field in enumerate(self.fields.values()):
+            offset, size = r[1 + 2 * k], r[2 + 2 * k]
+            if offset < 0:
+                raise BadInput(
+                    f"{self.where(row)}: sample has no .{' or .'.join(self.columns[k])} member "
+                    f"(source.fields.{field.name}.column)"
+                )
+            data = self._pread(r[0], offset, size, row)
+            try:
+                out[field.name] = read_value(
+                    data, field.kind, field, self._lookup(field), self.label_key, row
+                )
+            except BadInput as err:
+                raise BadInput(
+                    f"{self.where(row)}, its .{'/'.join(self.columns[k])} ({field.name}): {err}"
+                ) from None
+        return out
+
+    def where(self, row: int) -> str:
+        name = bytes(self.names.array[row]).decode("utf-8", "surrogateescape")
+        return f"{self.tars[int(self.rows.array[row, 0])]}: sample {name!r}"
 
 
 class WdsSource(Source):
@@ -95,6 +149,8 @@ class WdsSource(Source):
         seed: int = _O.seed,
         label_key: str = _O.label_key,
         cache_dir: str | None = _O.cache_dir,
+        fields: Mapping | None = None,
+        target: str | None = _O.target,
     ):
         self.paths = dict(zip(KEYS, (path, val_path, test_path)))
         for key, value in self.paths.items():
@@ -114,16 +170,36 @@ class WdsSource(Source):
             )
         self.label_key = label_key
         self.cache_dir = cache_dir
+        self._specs, self.target = _configured(fields, target) if fields else (None, None)
         self._indexes: dict[str, dict] = {}
         check_own(self)  # val_path, test_path: no tar of path (however named) nor of each other
 
     def _index(self, key: str) -> dict:
         if key not in self._indexes:
-            self._indexes[key] = open_index(self.paths[key], self.label_key, self.cache_dir, key)
+            if self._specs is None:
+                self._indexes[key] = open_index(self.paths[key], self.label_key, self.cache_dir, key)
+            else:  # held-out tars are read with the train tars' class lists
+                specs = self._specs if key == "source.path" else list(self.fields.values())
+                path = self.paths[key]
+                self._indexes[key] = open_field_index(
+                    path, specs, self.target, self.label_key, self.cache_dir, key
+                )
         return self._indexes[key]
 
     @property
+    def fields(self) -> Fields | None:
+        """The fields (``source.fields``), each class list as declared or as the train tars hold it; None:
+        image and class, read as before."""
+        if self._specs is None:
+            return None
+        found = self._index("source.path")["classes"]
+        specs = [replace(f, classes=tuple(found[f.name])) if f.name in found else f for f in self._specs]
+        return Fields(specs, self.target)
+
+    @property
     def classes(self) -> list[str]:
+        if self._specs is not None:
+            return self.fields.classes
         return self._index("source.path")["classes"]
 
     def prepare(self) -> None:
@@ -131,7 +207,7 @@ class WdsSource(Source):
         classes against the training ones."""
         for key, value in self.paths.items():
             if value:
-                self._label_map(key)
+                self._index(key) if self._specs is not None else self._label_map(key)
 
     def _label_map(self, key: str) -> list[int] | None:
         """Held-out tars' labels -> training labels, by class name; None when they agree."""
@@ -150,12 +226,18 @@ class WdsSource(Source):
         own = key if key and self.paths[key] else None
         if name == "test" and not own and not self.test_fraction:
             raise no_test_split(repr(self), "source.test_path=<tars> or source.test_fraction=0.1")
+        fields = self.fields
         if own:
+            if fields is not None:
+                return WdsFieldRecords(self._index(own), fields, self.label_key)
             return WdsRecords(self._index(own), label_map=self._label_map(own))
         index = self._index("source.path")
         labels = index["labels"].array
-        counts = np.bincount(labels, minlength=len(self.classes))
-        order = np.argsort(labels, kind="stable")
+        counts, order, classes = [len(labels)], None, None  # fields without a class target: at random
+        if fields is None or (fields[fields.target].kind == "class" and (labels >= 0).all()):
+            classes = self.classes  # stratified: each class gives its share
+            counts = np.bincount(labels, minlength=len(classes))
+            order = np.argsort(labels, kind="stable")
         subset = subset_for(
             name,
             counts,
@@ -164,9 +246,44 @@ class WdsSource(Source):
             index["directory"],
             order,
             self.test_fraction,
-            self.classes,
+            classes,
         )
+        if fields is not None:
+            return WdsFieldRecords(index, fields, self.label_key, subset)
         return WdsRecords(index, subset)
 
     def __repr__(self) -> str:
         return f"WdsSource(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+def _configured(fields: Mapping, target) -> tuple[list[Field], str]:
+    """``source.fields`` checked before any work; a class list left out is found in the tars."""
+    plain = {}
+    for name, spec in fields.items():
+        spec = dict(spec) if isinstance(spec, Mapping) else {"kind": spec} if isinstance(spec, str) else spec
+        if isinstance(spec, dict) and spec.get("classes") is not None:
+            spec["classes"] = list(spec["classes"])
+        plain[str(name)] = spec
+    unlisted = {  # kind classes needs a list to be checked: a stand-in until the tars give one
+        n: {**s, "classes": ["?"]}
+        if isinstance(s, dict) and s.get("kind") == "classes" and not s.get("classes")
+        else s
+        for n, s in plain.items()
+    }
+    parsed = fields_from_config(unlisted, target)
+    specs = [
+        replace(f, classes=None) if f.classes == ("?",) and plain[f.name].get("classes") is None else f
+        for f in parsed.values()
+    ]
+    for f in specs:
+        if not extensions(f):
+            raise ValueError(
+                f"source.fields.{f.name}.column={f.column!r} names no member extension (jpg, seg.png)"
+            )
+    chosen = parsed[parsed.target]
+    if chosen.kind == "mask" and chosen.classes is None:
+        raise ValueError(
+            f"source.fields.{chosen.name}: a mask target needs its class list, index = pixel value "
+            f"(source.fields.{chosen.name}.classes=[background, ...])"
+        )
+    return specs, parsed.target

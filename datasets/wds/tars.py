@@ -81,14 +81,7 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
     """The samples of one tar as (image member name, offset, size, label: int or str), in the tar's order,
     and the samples left out as "path: key (why)". A tar that is compressed, truncated or corrupt is a
     TarError naming it."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(6)
-    for magic, kind in COMPRESSED.items():
-        if head.startswith(magic):
-            raise TarError(
-                f"{path} is {kind}-compressed: images are read at their offsets in a plain tar; decompress it"
-            )
+    size = check_plain(path)
     try:
         with tarfile.open(path, "r:") as tar:
             groups = _group(tar, path)
@@ -106,6 +99,18 @@ def scan_tar(path: str, label_key: str) -> tuple[list[tuple], list[str]]:
             f"{path} is not a complete tar ({err}): it is truncated or corrupt; replace it"
         ) from None
     return samples, skipped
+
+
+def check_plain(path: str) -> int:
+    """The tar's size; a TarError where it is compressed (its members have no offsets to read at)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    for magic, kind in COMPRESSED.items():
+        if head.startswith(magic):
+            raise TarError(
+                f"{path} is {kind}-compressed: images are read at their offsets in a plain tar; decompress it"
+            )
+    return os.path.getsize(path)
 
 
 def _group(tar: tarfile.TarFile, path: str) -> dict[str, dict[str, tarfile.TarInfo]]:
