@@ -12,6 +12,7 @@ import torch
 from torchvision.transforms import v2
 
 from feedline.datamodules import ImageLoaders
+from feedline.datamodules.epoch.checks import ResumeError
 from feedline.datasets import Field, Fields, MixSource, Source
 from feedline.datasets.manifest.source import ManifestSource
 from feedline.datasets.records import BadInput, Records
@@ -201,6 +202,24 @@ def test_a_mix_of_two_manifests_with_fields_trains_on_remapped_labels_and_resume
             and torch.equal(got.label, want.label)
             and torch.equal(got.tags, want.tags)
         )
+    # the same merged lists, but part b's own indices now mean other classes: its remap differs, refused
+    table_b = parts["b"]
+    parts["b"] = ManifestSource(
+        table_b.path,
+        fields={
+            "image": {"kind": "image"},
+            "id": {"kind": "number"},
+            "label": {"kind": "class", "classes": ["dog", "eel"]},
+            "tags": {"kind": "classes", "classes": ["dog", "eel"]},
+        },
+        target="label",
+        val_fraction=0.0,
+        cache_dir=tmp_path / "c",
+    )
+    swapped = loader()
+    assert swapped.dataset.fields == first.dataset.fields  # the merged lists alone do not tell
+    with pytest.raises(ResumeError, match="class"):
+        swapped.load_state_dict(state)
 
 
 class Unread(Stub):
