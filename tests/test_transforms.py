@@ -172,8 +172,11 @@ def test_workers_and_ranks_draw_different_augmentations(tmp_path):
         )
         dm.datasets["train"] = SampleDataset(Same(), v2.RandomResizedCrop(32, antialias=True))
         torch.manual_seed(0)
-        loader = dm._loader("train", shuffle=False, drop_last=False)
-        return [b[0] for b in loader]  # batch k comes from worker k % 2
+        batches = iter(dm._loader("train", shuffle=False, drop_last=False))
+        try:
+            return [b[0] for b in batches]  # batch k comes from worker k % 2
+        finally:  # persistent workers stopped now: left to the garbage collector, each waits out 5 s
+            batches._shutdown_workers()
 
     rank0, rank1 = first_batches(0), first_batches(1)
     assert not torch.equal(rank0[0], rank0[1])  # two workers of one rank
