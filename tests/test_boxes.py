@@ -197,3 +197,13 @@ def test_mixup_is_refused_for_boxes_and_the_uint8_collate_lists_targets():
     for train in (CROP, CROP[:2]):  # crop and flip alone: the collate would finish them, but boxes must move
         batch = next(iter(loaders(BoxSource(8), collate=Uint8Collate(), train=train).train_dataloader()))
         assert batch.image.shape == (4, 3, 48, 48) and check(batch)
+
+
+def test_bench_times_the_boxes_as_their_own_stage():
+    from feedline.diagnostics.loader_bench import stage_breakdown
+
+    data = loaders(BoxSource(8))
+    data.setup("fit")
+    result = stage_breakdown(data.datasets["train"], data.collate, list(range(8)), batch_size=4)
+    assert {"decode", "decode objects", "transform", "collate"} <= set(result["stages_run"])
+    assert result["per_sample_s"]["decode objects"] > 0
