@@ -65,6 +65,11 @@ def test_each_fields_member_is_read_as_its_kind(tmp_path):
         k = int(record["caption"].split()[1])
         assert bytes(record["image"]) == written[k]["jpg"] and bytes(record["mask"]) == written[k]["seg.png"]
         assert record["tags"].tolist() == [0, 1][: 1 + k % 2] and record["label"] == k % 3
+    by_class = WdsSource(
+        str(tmp_path / "a.tar"), fields=SEG, target="label", val_fraction=0.3, cache_dir=tmp_path / "c"
+    )
+    val = by_class.split("val")  # a class target: each class gives its share
+    assert sorted(val[i]["label"] for i in range(len(val))) == [0, 1, 2]
 
 
 def test_a_segmentation_batch_comes_out_of_the_tars(tmp_path):
@@ -90,7 +95,7 @@ def test_a_sample_missing_a_declared_member_is_bad_input_naming_the_tar_the_key_
     )
     records = source.split("train")
     with pytest.raises(
-        BadInput, match=r"a\.tar: sample 's003': sample has no \.seg\.png member \(source.fields.mask"
+        BadInput, match=r"a\.tar: sample 's003' has no \.seg\.png member \(source.fields.mask"
     ):
         _ = records[3]
     assert records[4]["caption"] == "sample 4"

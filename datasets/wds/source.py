@@ -116,7 +116,7 @@ class WdsFieldRecords(WdsRecords):
             offset, size = r[1 + 2 * k], r[2 + 2 * k]
             if offset < 0:
                 raise BadInput(
-                    f"{self.where(row)}: sample has no .{' or .'.join(self.columns[k])} member "
+                    f"{self.where(row)} has no .{' or .'.join(self.columns[k])} member "
                     f"(source.fields.{field.name}.column)"
                 )
             data = self._pread(r[0], offset, size, row)
