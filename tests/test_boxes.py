@@ -12,12 +12,13 @@ from torchvision.transforms import v2
 
 from feedline.datamodules import ImageLoaders
 from feedline.datamodules.bad_samples import BadSampleError
+from feedline.datamodules.sample_fields import FieldDecoder
 from feedline.datasets import Field, Fields
 from feedline.datasets.fields import fields_from_config
 from feedline.transforms import DetectionCollate, SanitizeBoxes, TransformStacks, Uint8Collate
 from feedline.transforms.boxes import decode_boxes
 from feedline.transforms.decode import DecodeError
-from tests.box_data import BoxRecords, BoxSource, drawn, unframed
+from tests.box_data import FIELDS, BoxRecords, BoxSource, drawn, unframed
 from tests.test_fields import World
 
 CROP = [
@@ -207,3 +208,24 @@ def test_bench_times_the_boxes_as_their_own_stage():
     result = stage_breakdown(data.datasets["train"], data.collate, list(range(8)), batch_size=4)
     assert {"decode", "decode objects", "transform", "collate"} <= set(result["stages_run"])
     assert result["per_sample_s"]["decode objects"] > 0
+
+
+def test_feedlines_crop_gives_torchvisions_pixels_and_boxes_on_a_sample_of_fields():
+    from feedline.transforms import RandomResizedCrop
+
+    record = BoxRecords([7]).read(0)
+    sample = FieldDecoder(FIELDS)(record)
+    outputs = []
+    for crop in (
+        RandomResizedCrop(40, scale=(0.2, 1.0), antialias=True),
+        v2.RandomResizedCrop(40, (0.2, 1.0)),
+    ):
+        torch.manual_seed(11)
+        outputs.append(crop(sample))
+    ours, theirs = outputs
+    assert isinstance(ours["image"], tv_tensors.Image) and torch.equal(ours["image"], theirs["image"])
+    assert isinstance(ours["objects"]["boxes"], tv_tensors.BoundingBoxes)
+    assert (
+        torch.equal(ours["objects"]["boxes"], theirs["objects"]["boxes"])
+        and unframed(ours["image"], ours["objects"]) == []
+    )

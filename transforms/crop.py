@@ -3,13 +3,15 @@
 Decoders return (C, H, W) tensors laid out (H, W, C) in memory. torchvision's crop is a view, so the window
 it hands to the resize is neither layout's contiguous form, and torch falls back to its slower planar uint8
 path. Packing the window (a copy of at most the image) first gives the same pixels, bit for bit, in about 3/4
-of the time (`benchmarks/throughput.py`). Everything else is torchvision's: parameters, the resize kernel,
-and every input type other than a plain tensor.
+of the time (`benchmarks/throughput.py`). The image of a sample of named fields (a ``tv_tensors.Image`` beside
+its masks or boxes) is packed alike. Everything else is torchvision's: parameters, the resize kernel, and every
+other input type (masks, boxes).
 """
 
 from __future__ import annotations
 
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
@@ -37,6 +39,9 @@ class RandomResizedCrop(v2.RandomResizedCrop):
         return super().forward(*inputs)
 
     def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Image) and _is_uint8_image(inpt.as_subclass(torch.Tensor)):
+            # a sample of named fields (masks, boxes beside it): the image packed too, the rest torchvision's
+            return tv_tensors.wrap(self.transform(inpt.as_subclass(torch.Tensor), params), like=inpt)
         if not _is_uint8_image(inpt):
             return super().transform(inpt, params)
         top, left, height, width = params["top"], params["left"], params["height"], params["width"]
