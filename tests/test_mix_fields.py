@@ -5,6 +5,7 @@ resume never look inside a sample."""
 from __future__ import annotations
 
 import csv
+import pickle
 
 import numpy as np
 import pytest
@@ -90,6 +91,7 @@ def test_class_lists_merge_first_part_first_and_each_parts_indices_are_remapped(
     assert first["label"] == 0 and first["tags"].tolist() == [0, 1] and first["seg"] is ROW["seg"]
     assert second["label"] == 1 and second["tags"].tolist() == [1, 2]
     assert second["seg"].tolist() == [[0, 2], [255, 2]]  # car is 2 in the mix; void stays void
+    assert pickle.loads(pickle.dumps(records))[1]["tags"].tolist() == [1, 2]  # as a worker reads it
     with pytest.raises(BadInput, match="part b, field 'seg': mask pixel value 3 is neither"):
         _ = records[2]  # a value beyond b's classes is not quietly one of the merged ones
 

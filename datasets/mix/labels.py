@@ -29,11 +29,6 @@ from feedline.datasets.records import BadInput
 MERGED = ("class", "classes", "mask", "boxes")  # kinds whose values index a class list
 
 
-def compared(fields: Fields) -> Fields:
-    """What a part's samples hold, class lists aside: the parts of a mix must agree on it."""
-    return Fields([replace(f, classes=None) for f in fields.values()], fields.target)
-
-
 def merge_fields(parts) -> tuple[Fields, list[dict]]:
     """(the mix's fields, each part's {field: (kind, map)}), for parts already found to hold the same fields
     (``checks.same_fields``). The merged fields keep the first part's order and settings."""
