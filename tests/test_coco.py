@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageDraw
 
 from feedline.datasets import CocoSource
@@ -232,3 +233,76 @@ def test_val_comes_from_its_own_file_or_a_seeded_share(tmp_path):
             str(tmp_path / "images"),
             val_annotations=str(tmp_path / "ann" / "val.json"),
         )
+
+
+def _framed(image, target) -> None:
+    """Each box frames a rectangle of its class's colour (an untransformed image: exact pixels)."""
+    pixels = image.permute(1, 2, 0).numpy()
+    for (x0, y0, x1, y1), label in zip(target["boxes"].int().tolist(), target["labels"].tolist()):
+        colour = COLOURS[[c for c, lab in LABEL.items() if lab == label][0]]
+        assert (pixels[y0:y1, x0:x1] == colour).all()
+
+
+def test_the_issues_yaml_reads_train_and_val_batches_of_detection_targets(tmp_path, make_cfg):
+    from feedline.cli.instantiate import instantiate
+    from feedline.datasets.fields import fields_of
+
+    train = _write(tmp_path / "ann" / "instances_train.json", _coco(tmp_path / "train", 12))
+    val = _write(tmp_path / "ann" / "instances_val.json", _coco(tmp_path / "val", 5, empty=(), crowd=()))
+    experiment = tmp_path / "conf" / "experiment" / "det.yaml"
+    experiment.parent.mkdir(parents=True)
+    experiment.write_text(
+        "# @package _global_\n"
+        "defaults: [{override /source: coco}, {override /collate: detection}]\n"
+        "source:\n"
+        f"  annotations: {train}\n"
+        f"  images: {tmp_path / 'train' / 'images'}\n"
+        f"  val_annotations: {val}\n"
+        f"  val_images: {tmp_path / 'val' / 'images'}\n"
+    )
+    cfg = make_cfg(
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "experiment=det",
+        "data.batch_size=4",
+        "data.num_workers=2",
+    )
+    data = instantiate(cfg.data, "data")
+    assert isinstance(data.source, CocoSource) and data.source.classes == ["triangle", "circle", "square"]
+    assert fields_of(data.source)["objects"].kind == "boxes" and fields_of(data.source).target == "objects"
+    data.prepare_data()
+    data.setup("fit")
+    seen = []
+    for images, targets in data.train_dataloader():  # the detection stack: crops, flips, sanitizes
+        for image, target in zip(images, targets):
+            assert image.dtype == torch.uint8 and target["boxes"].canvas_size == tuple(image.shape[-2:])
+            assert target["labels"].dtype == torch.int64 and len(target["labels"]) == len(target["boxes"])
+            seen.append(target["image_id"])
+    assert sorted(seen) == [10 * (i + 1) for i in range(12)]  # every image once, the empty one included
+    val_ids = []
+    for images, targets in data.val_dataloader():  # no transforms: each image at its own size, listed
+        for image, target in zip(images, targets):
+            _framed(image, target)
+            val_ids.append(target["image_id"])
+    assert sorted(val_ids) == [10, 20, 30, 40, 50]
+
+
+def test_a_strict_resume_refuses_a_changed_annotation_file(tmp_path):
+    from feedline.datamodules import ImageLoaders
+    from feedline.datamodules.epoch.checks import ResumeError
+    from feedline.transforms import DetectionCollate, TransformStacks
+
+    doc = _coco(tmp_path, 12)
+
+    def loader():
+        source = _source(tmp_path, doc)
+        stacks = TransformStacks(train=[], eval=[], batch=[])
+        return ImageLoaders(source, stacks, DetectionCollate(), batch_size=4, num_workers=0, seed=1)
+
+    first = loader().train_dataloader()
+    next(iter(first))
+    state = first.state_dict()
+    loader().train_dataloader().load_state_dict(state)  # the same file: resumes
+    doc["annotations"][0]["bbox"] = [2, 1, 10, 8]  # one box moved
+    with pytest.raises(ResumeError, match="sample fields") as refused:
+        loader().train_dataloader().load_state_dict(state)
+    assert "table content" in str(refused.value)

@@ -101,8 +101,17 @@ def _source_overrides(option: str, tree: str, tmp_path) -> list[str]:
             f"source.root={seg_tree(tmp_path / 'seg', range(2))}",
             "source.num_classes=4",
         ]
-    if option == "shapes":  # generated, small
-        return ["source=shapes", "source.n=8", "source.size=16"]
+    if option == "coco":  # a tiny COCO file and its images
+        from tests.test_coco import _coco, _write
+
+        annotations = _write(tmp_path / "coco" / "train.json", _coco(tmp_path / "coco", 4))
+        return [
+            "source=coco",
+            f"source.annotations={annotations}",
+            f"source.images={tmp_path / 'coco' / 'images'}",
+        ]
+    if option in ("shapes", "shapes_coco"):  # generated, small
+        return [f"source={option}", "source.n=8", "source.size=16"]
     if option == "manifest":  # the tree as a table: image, label
         from pathlib import Path
 
