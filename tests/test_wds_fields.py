@@ -119,7 +119,7 @@ def detection_tar(path) -> None:
 def test_boxes_come_from_a_json_member_in_the_fields_format(tmp_path):
     detection_tar(tmp_path / "d.tar")
     fields = {
-        "image": {"kind": "image", "column": "jpg"},
+        "image": {"kind": "image", "column": "png;jpg"},  # the first of them a sample has
         "objects": {"kind": "boxes", "column": "json", "format": "XYWH"},
     }
     source = WdsSource(str(tmp_path / "d.tar"), fields=fields, val_fraction=0.0, cache_dir=tmp_path / "c")
@@ -131,6 +131,7 @@ def test_boxes_come_from_a_json_member_in_the_fields_format(tmp_path):
         first["labels"].tolist() == [0, 1] and first["iscrowd"].tolist() == [0, 1] and first["image_id"] == 0
     )
     assert empty["boxes"].shape == (0, 4) and empty["labels"].shape == (0,)
+    assert bytes(records[0]["image"][:2]) == b"\xff\xd8"  # the jpg
     assert last["labels"].tolist() == [1] and last["image_id"] == 42
 
 
@@ -143,3 +144,18 @@ def test_a_label_a_declared_class_list_lacks_is_refused_before_training(tmp_path
     source = WdsSource(str(tmp_path / "d.tar"), fields=fields, val_fraction=0.0, cache_dir=tmp_path / "c")
     with pytest.raises(TarError, match=r"class 'person' is not in the class list of field 'objects'"):
         source.prepare()
+
+
+def test_a_detection_batch_from_the_tars_holds_xyxy_boxes_that_followed_the_flip(tmp_path):
+    detection_tar(tmp_path / "d.tar")
+    fields = {
+        "image": {"kind": "image", "column": "jpg"},
+        "objects": {"kind": "boxes", "column": "json", "format": "XYWH"},
+    }
+    source = WdsSource(str(tmp_path / "d.tar"), fields=fields, val_fraction=0.0, cache_dir=tmp_path / "c")
+    stacks = TransformStacks(train=[v2.RandomHorizontalFlip(p=1.0)], eval=[])
+    loaders = ImageLoaders(source, stacks, Uint8Collate(), batch_size=3, num_workers=0, seed=1)
+    images, targets = next(iter(loaders.train_dataloader()))  # torchvision's detection convention
+    assert images.shape == (3, 3, 16, 16)
+    boxes = {t["image_id"]: t["boxes"].tolist() for t in targets}  # XYWH [1, 2, 4, 5] is XYXY [1, 2, 5, 7]
+    assert boxes == {0: [[11, 2, 15, 7], [8, 0, 16, 8]], 1: [], 42: [[11, 2, 14, 5]]}
