@@ -4,6 +4,7 @@ python convert.py source=folder source.root=/data/train out.path=/data/train.h5
 python convert.py source=folder source.root=/data/train out.path=/data/train-256.h5 out.max_side=256
 python convert.py source=folder source.root=/data/train out.path=/data/train-raw.h5 out.mode=raw out.max_side=256
 python convert.py source=folder source.root=/data/train out.format=shards out.path=/data/train-shards
+python convert.py source=coco source.annotations=... source.images=... out.format=shards out.path=/data/coco-shards
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ log = logging.getLogger("feedline")
 def run_convert(cfg: DictConfig) -> dict:
     """Read every sample of ``cfg.source`` (its val share included) and write ``cfg.out.path``."""
     from feedline.datamodules.checkpoint.parts import check_arguments
-    from feedline.datasets.fields import fields_of
     from feedline.writers.hdf5 import check_output
 
     require(cfg, "source", "out")
@@ -35,11 +35,6 @@ def run_convert(cfg: DictConfig) -> dict:
         from feedline.writers.hdf5 import convert_source
     check_arguments(cfg.source, "source")  # source._target_= that keeps another source's keys, named
     source = instantiate(cfg.source, "source")
-    if options.format == "shards" and not fields_of(source).is_classification:
-        raise ValueError(
-            f"{source!r} reads samples of named fields ({', '.join(fields_of(source))}); out.format=shards writes "
-            "images and labels only: set out.format=hdf5, which writes every field"
-        )
     summary = convert_source(source, options)  # refuses an out.path that is the source's data, first
     log.info(
         "converted %d images into %s: %.1f MB, %d skipped, %.1f s (%.0f images/s)%s",

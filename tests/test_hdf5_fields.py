@@ -228,24 +228,3 @@ def test_a_val_file_of_other_fields_is_refused_by_key(tmp_path):
     source = HDF5Source(str(train), val_path=val)
     with pytest.raises(ValueError, match=r"source\.val_path '.*val\.h5' holds other fields or class lists"):
         source.split("val")
-
-
-def test_convert_py_refuses_shards_for_a_source_of_fields(make_cfg, tmp_path):
-    root = tmp_path / "seg"
-    for top in ("images", "masks"):
-        (root / top).mkdir(parents=True)
-        (root / top / "a.png").write_bytes(
-            png(pixels(0)[top == "masks"], "L" if top == "masks" else "RGB").tobytes()
-        )
-    cfg = make_cfg(
-        "source=seg_folder",
-        f"source.root={root}",
-        "source.num_classes=4",
-        "out.format=shards",
-        f"out.path={tmp_path / 'shards'}",
-        config="convert",
-    )
-    with pytest.raises(
-        ValueError, match=r"named fields \(image, mask\); out\.format=shards .* out\.format=hdf5"
-    ):
-        run_convert(cfg)

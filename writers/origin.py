@@ -76,12 +76,26 @@ def rows_digest(records) -> str:
     n = len(records)
     for i in np.unique(np.linspace(0, n - 1, min(n, SAMPLED)).round().astype(np.int64)).tolist():
         try:
-            payload, _ = records[i]
+            record = records[i]
         except OSError as err:  # gone since the source was listed: that too is what the job saw
             _text(h, type(err).__name__)
         else:
-            _array(h, np.frombuffer(payload, np.uint8) if isinstance(payload, bytes) else payload)
+            _value(h, record if isinstance(record, dict) else record[0])  # named fields, or (payload, label)
     return h.hexdigest()
+
+
+def _value(h, value) -> None:
+    """A row's payload, or each value of a record of named fields (nested for a boxes field), in order."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _text(h, str(key))
+            _value(h, item)
+    elif isinstance(value, (bytes, bytearray)):
+        _array(h, np.frombuffer(value, np.uint8))
+    elif isinstance(value, (str, int, float, list)):
+        _text(h, repr(value))
+    else:
+        _array(h, value)
 
 
 def _array(h, values, dtype=None) -> None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from feedline.datasets.shards.chunks import ChunkError, Chunks, load_index
-from feedline.datasets.shards.meta import SIDECAR, chunk_digests, join, read_sidecar
+from feedline.datasets.shards.chunks import ChunkError, Chunks, load_index, part_layouts
+from feedline.datasets.shards.meta import SIDECAR, chunk_digests, index_layout, join, read_sidecar
 from feedline.storage.chunk_cache import ChunkCache, DigestError
 from feedline.storage.stores import StoreError
 
@@ -45,16 +45,17 @@ class CachedChunks(Chunks):
 
     def __init__(
         self, store, cache: ChunkCache, files: list[str], sizes, nbytes, listed: dict, names: list[str],
-        parts=(0,), labels=None, digests=None,
+        parts=(0,), labels=None, digests=None, layout=None, label_leaf=None,
     ):  # fmt: skip
-        super().__init__(files, sizes, nbytes, parts, labels)
+        super().__init__(files, sizes, nbytes, parts, labels, layout=layout, label_leaf=label_leaf)
         self.store, self.cache, self.listed, self.names = store, cache, listed, names
         self.digests = list(digests) if digests is not None else [None] * len(self.files)
 
     @classmethod
     def of_store(
-        cls, store, parts: list[str], cache: ChunkCache, version: str = "", labels=None, sidecars=None
-    ) -> CachedChunks:
+        cls, store, parts: list[str], cache: ChunkCache, version: str = "", labels=None, sidecars=None,
+        label_leaf=None,
+    ) -> CachedChunks:  # fmt: skip
         """``version``: the conversion's identity (its index.json files and sidecars); ``sidecars``: each part's
         feedline.json as read (``shard_meta.read_sidecar``; read here when not given), whose chunk digests
         every download must match. One listing of the store pins each chunk's size and ETag for the run."""
@@ -68,16 +69,19 @@ class CachedChunks(Chunks):
                 files.append(join(rel, chunk["filename"]))
                 sizes.append(chunk["chunk_size"])
                 nbytes.append(chunk["chunk_bytes"])
+        layout = part_layouts(parts, lambda rel: index_layout(store, rel))
         wanted = set(files)
         listed = {rel: entry for rel, entry in store.listing().items() if rel in wanted}
         base = f"{store.endpoint}\n{store.url}\n{version}"
         names = [cache_name(base, rel, (listed.get(rel) or (0, None))[1]) for rel in files]
-        return cls(store, cache, files, sizes, nbytes, listed, names, firsts, labels, digests)
+        return cls(
+            store, cache, files, sizes, nbytes, listed, names, firsts, labels, digests, layout, label_leaf
+        )  # fmt: skip
 
     def __getstate__(self):
         return (
             self.store, self.cache, self.files, self.sizes, self.nbytes, self.listed, self.names, self.parts,
-            self.label_files, self.digests,
+            self.label_files, self.digests, self.layout, self.label_leaf,
         )  # fmt: skip
 
     def __setstate__(self, state):

@@ -5,6 +5,7 @@
                                         "compression": null, "encryption": null, ...}}
     DIR/chunk-<w>-<n>.bin   uint32 N | uint32 offsets[N + 1] (absolute) | N samples, each:
                             uint32 len(image) | uint32 8 | the image file's bytes | int64 label
+                            (samples of named fields: dicts, each leaf sized in the sample's head, ``leaves.py``)
     DIR/feedline.json       feedline's sidecar: the class names, the sample count, how it was written
     DIR/labels.npy          every sample's label, in order (int64): a split never reads a chunk
     DIR/part-0000K-of-0000N/    the same, per part, when a conversion is split over N jobs
@@ -30,6 +31,7 @@ import struct
 import numpy as np
 
 from feedline.datasets.shards.labels import load_labels
+from feedline.datasets.shards.leaves import decode_sample, split_leaves
 from feedline.datasets.shards.meta import (
     AGAIN,
     FORMAT,
@@ -38,6 +40,7 @@ from feedline.datasets.shards.meta import (
     ChunkError,
     as_store,
     index_identity,
+    index_layout,
     load_index,
     read_sidecar,
 )
@@ -78,12 +81,24 @@ class Chunks:
     is refused. The bytes come from the primitives below: here, a local chunk memory-mapped; in
     ``cached_chunks.CachedChunks``, one read of a chunk in the node's cache of an object store.
 
+    ``layout``: None for (image bytes, label) samples; else each leaf's (path, serializer) of dict samples of
+    named fields (``leaves.py``), read with ``read_sample``, and ``label_leaf`` the path of the int leaf that
+    labels.npy records (a class target), or None (labels.npy holds 0 for every sample).
+
     Pickles as paths and numbers, O(chunks + parts)."""
 
     AGAIN = AGAIN  # what to do about a chunk that is missing or not what index.json says
 
     def __init__(
-        self, files: list[str], sizes, nbytes, parts=(0,), labels=None, identity: dict | None = None
+        self,
+        files: list[str],
+        sizes,
+        nbytes,
+        parts=(0,),
+        labels=None,
+        identity: dict | None = None,
+        layout=None,
+        label_leaf=None,
     ):
         self.files = list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
@@ -95,13 +110,18 @@ class Chunks:
         # directory -> (inode, mtime_ns) of its index.json when the dataset was read: a chunk is mapped only
         # while its dataset is still that one (not converted again to the same out.path meanwhile)
         self.identity = dict(identity or {})
+        self.layout = None if layout is None else [(tuple(path), name) for path, name in layout]
+        self.label_leaf = None if label_leaf is None else tuple(label_leaf)
+        paths = [path for path, _ in self.layout or ()]
+        self._label_at = paths.index(self.label_leaf) if self.label_leaf in paths else None
         self._labels: dict[int, np.ndarray] = {}
         self._maps: collections.OrderedDict | None = None
         self._pid = None
 
     @classmethod
-    def of(cls, directories: list[str]) -> Chunks:
+    def of(cls, directories: list[str], label_leaf=None) -> Chunks:
         files, sizes, nbytes, parts, identity = [], [], [], [], {}
+        layout = part_layouts(directories, index_layout)
         for directory in directories:
             identity[directory] = index_identity(directory)
             parts.append(len(files))
@@ -112,10 +132,13 @@ class Chunks:
         labels = [(os.path.join(d, LABELS),) * 2 for d in directories]
         if not all(os.path.isfile(path) for path, _ in labels):
             labels = None  # being written (the writer reads the labels back from the chunks)
-        return cls(files, sizes, nbytes, parts, labels, identity)
+        return cls(files, sizes, nbytes, parts, labels, identity, layout, label_leaf)
 
     def __getstate__(self):
-        return self.files, self.sizes, self.nbytes, self.parts, self.label_files, self.identity
+        return (
+            self.files, self.sizes, self.nbytes, self.parts, self.label_files, self.identity, self.layout,
+            self.label_leaf,
+        )  # fmt: skip
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -182,21 +205,47 @@ class Chunks:
                 f"is installed); feedline reads (image bytes, label) tuples: write it with python convert.py "
                 f"out.format=shards"
             )
-        if offsets[-1] != size or np.any(np.diff(offsets) < SAMPLE_HEAD):
+        least = SAMPLE_HEAD if self.layout is None else 4 * len(self.layout)  # a sample's head of sizes
+        if offsets[-1] != size or np.any(np.diff(offsets) < least):
             raise ChunkError(
                 f"chunk {self.name(c)}: its table of sample offsets does not tile its {size} bytes (it ends at "
-                f"{int(offsets[-1])}, or a sample is shorter than {SAMPLE_HEAD} bytes): it is damaged; {self.AGAIN}"
+                f"{int(offsets[-1])}, or a sample is shorter than {least} bytes): it is damaged; {self.AGAIN}"
             )
         self._maps[c] = (handle, offsets)
         while len(self._maps) > OPEN_MAPS:
             self._maps.popitem(last=False)  # a map is closed once the last view of it is gone
         return self._maps[c]
 
-    def read(self, row: int) -> tuple[np.ndarray, int]:
+    def _sample_bytes(self, row: int):
         c, j = self.locate(row)
         handle, offsets = self._open(c)
         start = int(offsets[j])
-        data = self._bytes(c, handle, start, int(offsets[j + 1]) - start)
+        return c, j, self._bytes(c, handle, start, int(offsets[j + 1]) - start)
+
+    def read_sample(self, row: int) -> dict:
+        """Sample ``row`` of a dataset of named fields: its dict (``leaves.decode_sample``), the arrays views of
+        the chunk; one that does not parse is an OSError naming the chunk and the sample."""
+        c, j, data = self._sample_bytes(row)
+        try:
+            sample = decode_sample(self.layout, data)
+        except ValueError as err:
+            raise OSError(f"{self.where(row)}: malformed sample ({err})") from None
+        if self.label_files:
+            self._check_label(row, c, j, self._label_in(sample))
+        return sample
+
+    def _label_in(self, sample: dict) -> int:
+        if self._label_at is None:
+            return 0
+        node = sample
+        for key in self.label_leaf:
+            node = node[key]
+        return int(node)
+
+    def read(self, row: int) -> tuple[np.ndarray, int]:
+        if self.layout is not None:
+            raise TypeError(f"{self.where(row)} is a sample of named fields: read it with read_sample")
+        c, j, data = self._sample_bytes(row)
         size, label_size = struct.unpack_from("<II", data, 0)
         if label_size != 8 or SAMPLE_HEAD + size != len(data):
             raise OSError(
@@ -227,6 +276,15 @@ class Chunks:
     def labels(self) -> np.ndarray:
         """Every sample's label, read from the chunks (what the writer records in labels.npy)."""
         out = np.empty(self.total, dtype=np.int64)
+        if self.layout is not None:  # a class target's int leaf, or 0 for every sample
+            for row in range(self.total):  # every sample's head of sizes checked on the way
+                try:
+                    leaves = split_leaves(self._sample_bytes(row)[2], len(self.layout))
+                    at = self._label_at
+                    out[row] = 0 if at is None else struct.unpack("<q", leaves[at])[0]
+                except (ValueError, struct.error) as err:
+                    raise OSError(f"{self.where(row)}: malformed sample ({err})") from None
+            return out
         for c in range(len(self.files)):
             handle, offsets = self._open(c)
             data = np.frombuffer(self._bytes(c, handle, 0, int(self.nbytes[c])), dtype=np.uint8)
@@ -280,3 +338,16 @@ class Chunks:
     def _bytes(self, c: int, handle, offset: int, length: int):
         """``length`` bytes of chunk ``c`` at ``offset`` (a view of its map: no copy)."""
         return handle[offset : offset + length]
+
+
+def part_layouts(parts, layout_of_part):
+    """The one sample layout of every part (``layout_of_part(part)``), or a ChunkError naming the part that
+    differs: parts of two conversions of other fields."""
+    layouts = [layout_of_part(part) for part in parts]
+    for part, layout in zip(parts[1:], layouts[1:]):
+        if layout != layouts[0]:
+            raise ChunkError(
+                f"{part}: its samples hold other fields than {parts[0]}'s (index.json's data_format and data_spec): "
+                f"convert every part again from one source"
+            )
+    return layouts[0] if layouts else None

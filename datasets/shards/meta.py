@@ -24,11 +24,15 @@ import json
 import os
 import re
 
+from feedline.datasets.shards.fields import fields_of_schema
+from feedline.datasets.shards.leaves import LayoutError, layout_of
 from feedline.storage.stores import LocalStore
 
 SIDECAR = "feedline.json"
 LABELS = "labels.npy"
-FORMAT = "feedline-shards/1"
+FORMAT = "feedline-shards/1"  # (image bytes, int label) tuples
+FIELDS_FORMAT = "feedline-shards/2"  # dicts of named fields (``datasets/shards/leaves.py``, ``fields.py``)
+TUPLE = ["bytes", "int"]  # the data_format of a version-1 sample
 CHUNK = re.compile(r"chunk-\d+-\d+\.bin")  # LitData's chunk names: a plain name in the dataset's folder
 MAX_BYTES = 2**32 - 1  # a chunk's offsets are uint32
 DIGEST = "sha256"  # how the writer digests each chunk (recorded with the digests)
@@ -79,18 +83,47 @@ def load_index(where, rel: str = "") -> list[dict]:
                 f"{shown}: {name}={config[name]!r}; feedline reads uncompressed, unencrypted chunks (the images are "
                 f"compressed files already). Write the dataset again with python convert.py out.format=shards"
             )
-    formats = config.get("data_format")
-    if (
-        config.get("item_loader") != "PyTreeLoader"
-        or not isinstance(formats, list)
-        or formats != ["bytes", "int"]
-    ):
-        raise ChunkError(
-            f"{shown}: samples of {formats} read by {config.get('item_loader')}; feedline reads "
-            f"(image bytes, int label) samples as python convert.py out.format=shards writes them"
-        )
+    sample_layout(config, shown)
     seen: set[str] = set()
     return [_checked_entry(entry, k, shown, seen) for k, entry in enumerate(index["chunks"])]
+
+
+def sample_layout(config: dict, shown: str):
+    """None for a version-1 index ((image bytes, int label) tuples), else each leaf's (path, serializer) of
+    its dict samples (``leaves.layout_of``), or a ChunkError naming the index."""
+    formats = config.get("data_format")
+    if config.get("item_loader") == "PyTreeLoader" and formats == TUPLE and not _dict_spec(config):
+        return None
+    try:
+        if config.get("item_loader") != "PyTreeLoader" or not _dict_spec(config):
+            raise LayoutError("")
+        return layout_of(config)
+    except LayoutError as err:
+        raise ChunkError(
+            f"{shown}: samples of {formats} read by {config.get('item_loader')}"
+            f"{' (' + str(err) + ')' if str(err) else ''}; feedline reads (image bytes, int label) samples and "
+            f"dicts of named fields as python convert.py out.format=shards writes them"
+        ) from None
+
+
+def _dict_spec(config: dict) -> bool:
+    """Whether the samples' tree (LitData's data_spec) is a dict at its root."""
+    try:
+        spec = json.loads(config.get("data_spec") or "null")
+    except (TypeError, ValueError):
+        return False
+    return (
+        isinstance(spec, list)
+        and len(spec) == 2
+        and isinstance(spec[1], dict)
+        and spec[1].get("type") == "builtins.dict"
+    )
+
+
+def index_layout(where, rel: str = ""):
+    """The sample layout of ``rel``'s index.json (``sample_layout``): None for version-1 samples."""
+    store = as_store(where)
+    return sample_layout(read_json(store, join(rel, "index.json"), ChunkError).get("config") or {}, "")
 
 
 def _checked_entry(entry, k: int, shown: str, seen: set) -> dict:
@@ -230,11 +263,21 @@ def read_sidecar(where, rel: str = "") -> dict:
     store = as_store(where)
     shown = store.where(join(rel, SIDECAR))
     sidecar = read_json(store, join(rel, SIDECAR), ValueError)
-    if sidecar.get("format") != FORMAT:
-        raise ValueError(f"{shown}: format {sidecar.get('format')!r}, not {FORMAT!r}")
+    if sidecar.get("format") not in (FORMAT, FIELDS_FORMAT):
+        raise ValueError(f"{shown}: format {sidecar.get('format')!r}, not {FORMAT!r} nor {FIELDS_FORMAT!r}")
     if any(key not in sidecar for key in REQUIRED):
         raise ValueError(f"{shown}: no list of classes and count of samples; convert the dataset again")
+    named = sidecar["format"] == FIELDS_FORMAT
+    if named:  # the field schema, whole (a target without a class list has no classes)
+        fields = fields_of_schema(sidecar.get("fields"), sidecar.get("target"), shown)
+        if sidecar["classes"] != fields.classes:
+            raise ValueError(
+                f"{shown}: classes {sidecar['classes'][:5]} are not those of its target field "
+                f"{fields.target!r}; the sidecar was edited or damaged: {AGAIN}"
+            )
     for key, (test, text) in FIELDS.items():
+        if named and key == "classes" and sidecar[key] == []:
+            continue
         if key in sidecar and not test(sidecar[key]):
             raise ValueError(
                 f"{shown}: {key}={sidecar[key]!r} is not {text}; the sidecar was edited or damaged: {AGAIN}"

@@ -34,6 +34,9 @@ PART_KEYS = {
     "max_side": "out.max_side",
     "quality": "out.quality",
     "mode": "out.mode",
+    "format": "the samples' format (images and labels, or named fields)",
+    "fields": "the source's fields",
+    "target": "source.target",
 }
 SETTINGS = "out.seed, out.shuffle, out.max_side, out.quality and out.mode"
 

@@ -1,6 +1,8 @@
 """The ``shards`` source: a shards dataset (``datasets/shards/chunks.py``), as ``convert.py out.format=shards`` writes it.
 
-The classes and every sample's label come from feedline's sidecar (no chunk is read to split); the splits
+A dataset of named fields (``feedline-shards/2``, ``datasets/shards/fields.py``) reads its fields from the
+sidecar (no ``source.fields`` to give): ``fields``, and records that read dicts. The classes and every
+sample's label come from feedline's sidecar (no chunk is read to split); the splits
 are separate datasets (``val_path``, ``test_path``) or a seeded, stratified share (``splits.py``); samples are
 read through ``Chunks`` (O(1), memory-mapped in the process that reads). The train order is chunk-aware
 (``datasets/shards/order.py``): ``records.epoch_order(seed, epoch)``, partitioned over ranks and resumed by the sampler
@@ -23,8 +25,9 @@ from feedline.datasets.paths import require_dir
 from feedline.datasets.records import Records, Source, check_class_names
 from feedline.datasets.shards.cached import CachedChunks, cache_directory
 from feedline.datasets.shards.chunks import ChunkError, Chunks
+from feedline.datasets.shards.fields import check_layout, fields_of_schema, record_of
 from feedline.datasets.shards.labels import check_counts, read_labels
-from feedline.datasets.shards.meta import LABELS, read_sidecar
+from feedline.datasets.shards.meta import FIELDS_FORMAT, LABELS, read_sidecar
 from feedline.datasets.shards.order import check_window, chunk_order
 from feedline.datasets.shards.parts import check_parts, dataset_parts
 from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
@@ -36,18 +39,22 @@ log = logging.getLogger(__name__)
 
 
 class ShardsRecords(Records):
-    """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk)."""
+    """One split of a shards dataset. Payload: the image file's bytes (uint8, 1-D, a view of the chunk); with
+    ``fields``, a record of named fields (``datasets/shards/fields.py``)."""
 
-    def __init__(self, chunks: Chunks, window: int, subset=None, written: str = ""):
+    def __init__(self, chunks: Chunks, window: int, subset=None, written: str = "", fields=None):
         super().__init__(subset)
         self.chunks, self.window = chunks, int(window)
         self.written = written  # how the dataset's rows were drawn (its sidecars): part of the order key
+        self.fields = fields
 
     @property
     def total(self) -> int:
         return self.chunks.total
 
     def read(self, row: int):
+        if self.fields is not None:
+            return record_of(self.chunks.read_sample(row), self.fields)
         return self.chunks.read(row)
 
     def where(self, row: int) -> str:
@@ -131,6 +138,10 @@ class ShardsSource(Source):
         sidecars = [read_sidecar(store, rel) for rel in parts]
         check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
         classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
+        fields = None
+        if sidecars[0]["format"] == FIELDS_FORMAT:
+            shown = store.where(f"{parts[0]}/feedline.json" if parts[0] else "feedline.json")
+            fields = fields_of_schema(sidecars[0]["fields"], sidecars[0]["target"], shown)
         labels = [read_labels(store, rel) for rel in parts]
         index = hashlib.blake2b(digest_size=8)
         for rel in parts:
@@ -138,14 +149,27 @@ class ShardsSource(Source):
         for part in labels:  # another write order: another split
             index.update(np.ascontiguousarray(part, dtype=np.int64).data)
         identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
-        chunks = self._chunks(store, parts, path, key, sidecars, labels, identity)
+        label_leaf = (
+            (fields.target,) if fields is not None and fields[fields.target].kind == "class" else None
+        )
+        chunks = self._chunks(store, parts, path, key, sidecars, labels, identity, label_leaf)
+        if (chunks.layout is None) != (fields is None):
+            raise ValueError(
+                f"{key} '{path}': its sidecar says {sidecars[0]['format']}, its index.json holds "
+                f"{'(image, label) tuples' if chunks.layout is None else 'dicts of named fields'}: its files are not "
+                f"of one conversion; convert it again"
+            )
+        if fields is not None:
+            check_layout(chunks.layout, fields, sidecars[0]["fields"], f"{key} '{path}'")
         for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
             check_counts(store.where(rel), sidecar, n, samples, len(part))
         labels = np.concatenate(labels)
-        if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+        strata = strata_of(fields, classes)
+        if len(labels) and not 0 <= labels.min() <= labels.max() < len(strata):
             raise ValueError(
-                f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(classes)} "
-                f"classes: convert it again"
+                f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(strata)} "
+                f"{'classes' if strata is classes else 'stratum (its target has no class per sample)'}: convert "
+                f"it again"
             )
         # what puts which image in which row: another out.seed, shuffle, source or max_side is other data
         # in rows of the same count (and maybe chunks of the same sizes)
@@ -161,9 +185,21 @@ class ShardsSource(Source):
             "chunks": chunks,
             "labels": labels,
             "identity": identity,
+            "fields": fields,
+            "strata": strata,
         }
 
-    def _chunks(self, store, parts: list[str], path: str, key: str, sidecars: list[dict], labels, identity):
+    def _chunks(
+        self,
+        store,
+        parts: list[str],
+        path: str,
+        key: str,
+        sidecars: list[dict],
+        labels,
+        identity,
+        label_leaf=None,
+    ):
         """Local chunks are mapped where they are; a URL's go through this source's chunk cache, which must
         hold what the order reads at once: two windows of the largest chunks. The cache is the node's one
         directory under source.cache_dir, its limit shared by every dataset there; a chunk's name there holds
@@ -171,7 +207,7 @@ class ShardsSource(Source):
         or uploaded again never reads the chunks cached from the one before (same names, other bytes). Its
         samples are checked against a copy of its labels.npy beside the split cache (mapped, once per node)."""
         if not store.remote:
-            return Chunks.of([store.where(rel) for rel in parts])
+            return Chunks.of([store.where(rel) for rel in parts], label_leaf)
         root = self.cache_dir or default_cache_dir()
         version = hashlib.blake2b(json.dumps(sidecars, sort_keys=True, default=str).encode(), digest_size=8)
         for rel in parts:
@@ -185,7 +221,7 @@ class ShardsSource(Source):
             )
             for k, (rel, part) in enumerate(zip(parts, labels))
         ]
-        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies, sidecars)
+        chunks = CachedChunks.of_store(store, parts, cache, version.hexdigest(), copies, sidecars, label_leaf)
         # two windows of chunks are read at once, or every chunk of a dataset that has fewer
         held = min(2 * self.window, len(chunks.nbytes))
         least = held * int(chunks.nbytes.max(initial=0))
@@ -203,6 +239,11 @@ class ShardsSource(Source):
     def classes(self) -> list[str]:
         return self._dataset(self.path, "source.path")["classes"]
 
+    @property
+    def fields(self):
+        """The named fields its sidecar records (``datasets/shards/fields.py``); None: images and labels."""
+        return self._dataset(self.path, "source.path")["fields"]
+
     def prepare(self) -> None:
         """Check every chunk is there with its size (one stat each), and the held-out files' classes."""
         for path, key in (
@@ -215,6 +256,12 @@ class ShardsSource(Source):
                 dataset["chunks"].check_files()
                 if key != "source.path":
                     self._check_held_out(path, key)
+                if dataset["fields"] != self.fields:
+                    said = lambda f: "images and labels" if f is None else f.describe()  # noqa: E731
+                    raise ValueError(
+                        f"{key} '{path}' holds {said(dataset['fields'])}, source.path {said(self.fields)}: a "
+                        f"held-out dataset must be converted from a source of the same fields"
+                    )
                 if dataset["classes"] != self.classes:
                     raise ValueError(
                         f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
@@ -251,17 +298,25 @@ class ShardsSource(Source):
         )
         subset = None
         if not own:
-            labels = dataset["labels"]
-            counts = np.bincount(labels, minlength=len(self.classes))
+            labels, strata = dataset["labels"], dataset["strata"]
+            counts = np.bincount(labels, minlength=len(strata))
             order = np.argsort(labels, kind="stable")
             cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
             subset = subset_for(
-                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, self.classes
+                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, strata
             )
-        return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"])
+        return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"], dataset["fields"])
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
+
+
+def strata_of(fields, classes: list[str]) -> list[str]:
+    """What labels.npy numbers, and the splits stratify on: the classes of a class target (or of a dataset of
+    images and labels), else one stratum named for the target (every label 0)."""
+    if fields is None or fields[fields.target].kind == "class":
+        return classes
+    return [f"all samples ({fields.target}: {fields[fields.target].kind})"]
 
 
 def _basename(path: str) -> str:

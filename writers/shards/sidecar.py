@@ -1,12 +1,15 @@
 """What feedline adds to LitData's output before it is renamed into place: the files a reader trusts.
 
     index.json      LitData's, the per-worker ``*.index.json`` it merged removed
-    labels.npy      every sample's label, read back from the chunks (which checks them against index.json)
+    labels.npy      every sample's label, read back from the chunks (which checks them against index.json); for
+                    named fields, a class target's index, else 0 (``datasets/shards/fields.py``)
     skipped.tsv     path<TAB>error of each unreadable input, in source order; only when there was one
     feedline.json   the sidecar, written last: the format, the classes, the counts, every setting that
                     decides what a sample holds (the parts of one conversion must agree on them,
                     ``datasets/shards/parts.py``), the source, and each chunk's digest, which the chunk cache
-                    checks every download against (``storage/chunk_cache.py``)
+                    checks every download against (``storage/chunk_cache.py``); for named fields
+                    (format ``feedline-shards/2``) their schema, "fields" and "target", which the reader
+                    builds the source's fields from
 
 An output in which every input was unreadable is refused here, naming the first few, rather than written as
 a dataset of no chunks.
@@ -22,14 +25,23 @@ import os
 import numpy as np
 
 from feedline.datasets.shards.chunks import FORMAT, LABELS, SIDECAR, Chunks, part_name
-from feedline.datasets.shards.meta import DIGEST, file_digest
+from feedline.datasets.shards.fields import schema
+from feedline.datasets.shards.meta import DIGEST, FIELDS_FORMAT, file_digest
 from feedline.writers.options import WriteOptions
 
 log = logging.getLogger(__name__)
 
 
 def finish(
-    out: str, work: str, classes, options: WriteOptions, description: str, records, source_rows: str | None
+    out: str,
+    work: str,
+    classes,
+    options: WriteOptions,
+    description: str,
+    records,
+    source_rows: str | None,
+    fields=None,
+    boxes=None,
 ) -> dict:
     """Add feedline's sidecar to LitData's output: the labels (read back from the chunks, which also checks
     them against index.json), the classes, the inputs skipped, and every setting that decides what a sample
@@ -52,7 +64,8 @@ def finish(
             f"{'' if options.parts is None else ' in ' + part_name(options.part, options.parts)} are "
             f"unreadable, so nothing was written ({first}{' ...' if len(skipped) > 3 else ''})"
         )
-    chunks = Chunks.of([out])
+    label_leaf = (fields.target,) if fields is not None and fields[fields.target].kind == "class" else None
+    chunks = Chunks.of([out], label_leaf)
     chunks.check_files()
     labels = chunks.labels()
     np.save(os.path.join(out, LABELS), labels)
@@ -61,9 +74,11 @@ def finish(
             f.write("path\terror\n")
             f.writelines(line + "\n" for _, line in skipped)
         log.warning("skipped %d unreadable input(s); listed in %s", len(skipped), "skipped.tsv of the output")
+    named = {} if fields is None else {"fields": schema(fields, boxes), "target": fields.target}
     sidecar = {
-        "format": FORMAT,
-        "classes": list(classes),
+        "format": FORMAT if fields is None else FIELDS_FORMAT,
+        "classes": list(classes) if fields is None else fields.classes,
+        **named,
         "samples": int(len(labels)),
         "skipped": len(skipped),
         "chunks": len(chunks.files),

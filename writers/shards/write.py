@@ -1,7 +1,8 @@
 """Write any source's samples as a shards dataset (the layout ``datasets/shards/chunks.py`` reads).
 
     <out.path>/                     or its part's folder, ``part-0000K-of-0000N`` (``output.py``)
-      chunk-<worker>-<n>.bin        LitData's chunks of ``out.chunk_bytes``: (image bytes, label) per sample
+      chunk-<worker>-<n>.bin        LitData's chunks of ``out.chunk_bytes``: (image bytes, label) per sample, or
+                                    a dict of the source's named fields (``sample.py``)
       index.json, labels.npy, skipped.tsv, feedline.json     (``sidecar.py``)
 
 The samples go in the order given: the source's, or a seeded random one (``out.shuffle``) so that each chunk
@@ -23,11 +24,13 @@ import time
 
 import numpy as np
 
+from feedline.datasets.fields import fields_of
 from feedline.storage.stores import is_url
 from feedline.writers.options import WriteOptions
 from feedline.writers.origin import check_not_input, recorded_source, rows_digest
 from feedline.writers.shards.output import check_target, output_dir, remote_store
 from feedline.writers.shards.runner import run_writer
+from feedline.writers.shards.sample import box_spec
 from feedline.writers.shards.scratch import locked, scratch_folder
 from feedline.writers.shards.sidecar import finish
 from feedline.writers.upload import upload
@@ -40,26 +43,37 @@ def convert_source(source, options: WriteOptions, lock: bool = True) -> dict:
     target = check_target(options)
     with locked(target, lock):
         source.prepare()
-        return _write_to(source.split("all"), source.classes, options, target, recorded_source(source))
+        fields = fields_of(source)
+        fields = None if fields.is_classification else fields
+        records = source.split("all")
+        return _write_to(records, source.classes, options, target, recorded_source(source), fields)
 
 
 def convert(
-    records, classes: list[str], options: WriteOptions, description: str = "", lock: bool = True
+    records,
+    classes: list[str],
+    options: WriteOptions,
+    description: str = "",
+    lock: bool = True,
+    fields=None,
 ) -> dict:
+    """Write ``records`` (``fields``: their named fields, each record a dict of them; None: (payload, label)
+    records) as shards into ``options.path``."""
     options.check()
     target = check_target(options)
     with locked(target, lock):
-        return _write_to(records, classes, options, target, description)
+        return _write_to(records, classes, options, target, description, fields)
 
 
-def _write_to(records, classes, options: WriteOptions, target: str, description: str) -> dict:
+def _write_to(records, classes, options: WriteOptions, target: str, description: str, fields=None) -> dict:
     """Write locally; a URL's dataset is written in a private scratch directory of its own under the temp dir
     (``$TMPDIR``: ``tempfile.mkdtemp``, never a folder that was there before), then uploaded whole
     (``upload.py``)."""
     if not is_url(target):
-        return _write(records, classes, options, target, description)
+        return _write(records, classes, options, target, description, fields=fields)
     with scratch_folder(target) as scratch:
-        summary = _write(records, classes, options, os.path.join(scratch, "dataset"), description, target)
+        dataset = os.path.join(scratch, "dataset")
+        summary = _write(records, classes, options, dataset, description, target, fields)
         summary["bytes"] = upload(summary["path"], remote_store(options))
     summary["path"] = target
     if summary["report"]:
@@ -78,7 +92,9 @@ def rows_to_write(n: int, options: WriteOptions) -> np.ndarray:
     return order
 
 
-def _write(records, classes, options: WriteOptions, target: str, description: str, shown: str = "") -> dict:
+def _write(
+    records, classes, options: WriteOptions, target: str, description: str, shown: str = "", fields=None
+) -> dict:
     """Write the dataset into ``target`` (``shown``: what the progress names, where not its folder's name)."""
     started = time.perf_counter()
     parent, name = os.path.split(target)
@@ -99,11 +115,12 @@ def _write(records, classes, options: WriteOptions, target: str, description: st
     try:
         for sub in ("out", "cache", "data", "skipped"):
             os.makedirs(os.path.join(work, sub))
-        run_writer(records, options, rows, work, shown or os.path.basename(target))
+        boxes = box_spec(records, fields, rows) if fields is not None else None
+        run_writer(records, options, rows, work, shown or os.path.basename(target), fields, boxes)
         out = os.path.join(work, "out")
         if not os.path.isfile(os.path.join(out, "index.json")):
             raise RuntimeError(f"the shards writer for {target} ended without writing index.json")
-        written = finish(out, work, classes, options, description, records, source_rows)
+        written = finish(out, work, classes, options, description, records, source_rows, fields, boxes)
         check_target(options)  # again: another job (a part's, whose lock is its own) may have written since
         if os.path.isdir(target):
             os.rename(target, os.path.join(work, "replaced"))  # an earlier dataset (check_target)
