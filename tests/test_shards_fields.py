@@ -337,3 +337,19 @@ def test_parts_of_a_conversion_read_as_one_dataset_of_fields(tmp_path):
         write(BoxSource(6), tmp_path / "p", part=part, parts=2)
     records = ShardsSource(tmp_path / "p", val_fraction=0).split("train")
     assert sorted(records[i]["objects"]["image_id"] for i in range(len(records))) == list(range(1000, 1006))
+
+
+def test_images_and_labels_are_still_written_as_version_1_tuples(tmp_path):
+    from feedline.datasets.folder.source import FolderSource
+    from tests.helpers import simple_tree
+
+    tree = simple_tree(tmp_path / "tree", classes=("cat", "dog"), per_class=2)
+    write(FolderSource(tree, val_fraction=0, cache_dir=tmp_path / "c"), tmp_path / "v1")
+    assert json.loads((tmp_path / "v1" / "index.json").read_text())["config"]["data_format"] == [
+        "bytes",
+        "int",
+    ]
+    assert json.loads((tmp_path / "v1" / "feedline.json").read_text())["format"] == "feedline-shards/1"
+    source = ShardsSource(tmp_path / "v1", val_fraction=0)
+    image, label = source.split("train")[0]
+    assert source.fields is None and image.dtype == np.uint8 and label in (0, 1)

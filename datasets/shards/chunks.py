@@ -201,9 +201,9 @@ class Chunks:
             raise wrong
         if n and (offsets[0] == offsets[-1] or bytes(self._bytes(c, handle, size - 8, 8)) == ARROW_TAIL):
             raise ChunkError(
-                f"chunk {self.name(c)} keeps its samples in an Arrow footer (LitData writes dicts so when pyarrow "
-                f"is installed); feedline reads (image bytes, label) tuples: write it with python convert.py "
-                f"out.format=shards"
+                f"chunk {self.name(c)} keeps its samples in an Arrow footer (LitData writes dicts of only bytes, text "
+                f"and numbers so when pyarrow is installed); feedline reads the samples python convert.py "
+                f"out.format=shards writes: write it so"
             )
         least = SAMPLE_HEAD if self.layout is None else 4 * len(self.layout)  # a sample's head of sizes
         if offsets[-1] != size or np.any(np.diff(offsets) < least):
