@@ -136,6 +136,8 @@ def test_instance_masks_come_from_a_polygon_and_an_rle(tmp_path):
     ]
     second = next(a for a in doc["annotations"] if a["image_id"] == 20)
     second["segmentation"] = {"size": [58, 35], "counts": [58 + 1, 2, 58 * 35 - 61]}  # column 1, rows 1..2
+    third = next(a for a in doc["annotations"] if a["image_id"] == 30)
+    third["segmentation"].append([1, 1, 3, 3])  # a line: left out of the object's polygons
     records = _source(tmp_path, doc, masks=True).split("train")
     masks = records[0]["objects"]["masks"]
     assert masks.dtype == np.uint8 and masks.shape == (2, 60, 32)
@@ -143,6 +145,26 @@ def test_instance_masks_come_from_a_polygon_and_an_rle(tmp_path):
     assert masks[1].sum() == 12 * 9 and masks[1][51:60, 20:32].all()  # the polygons, filled
     uncompressed = records[1]["objects"]["masks"][0]
     assert uncompressed.sum() == 2 and uncompressed[1:3, 1].all()
+    assert records[2]["objects"]["masks"][0].sum() == 10 * 8  # the line left no pixel
+
+
+@pytest.mark.parametrize(
+    ("segmentation", "said"),
+    [
+        ({"size": [10, 10], "counts": "abc"}, "an RLE of size [10, 10], its image is 60 x 32"),
+        ({"size": [60, 32], "counts": [5, 3]}, "summing to 60 x 32 = 1920 pixels"),
+        ([[1, 1, 3, 3]], "no polygon of 3 or more points"),
+        ("outline", "neither polygons nor an RLE"),
+    ],
+)
+def test_a_segmentation_that_does_not_read_is_named_when_masks_are_asked_for(tmp_path, segmentation, said):
+    doc = _coco(tmp_path)
+    first = next(a for a in doc["annotations"] if a["image_id"] == 10)
+    first["segmentation"] = segmentation
+    _source(tmp_path, doc).prepare()  # without masks, segmentations are not read
+    with pytest.raises(ValueError, match="1 segmentations that do not read") as err:
+        _source(tmp_path, doc, masks=True).prepare()
+    assert f"annotation id {first['id']} (image id 10): " in str(err.value) and said in str(err.value)
 
 
 @pytest.mark.parametrize(

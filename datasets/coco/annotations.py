@@ -105,34 +105,38 @@ def _images(doc: dict, root: str, problems: Problems) -> tuple[list, dict, set]:
     return images, position, refused
 
 
-def _segmentation(seg, h: int, w: int) -> str | None:
-    """Why ``seg`` is no COCO segmentation of an h x w image, or None."""
+def _segmentation(seg, h: int, w: int):
+    """(the segmentation to keep, None) or (None, why ``seg`` is no COCO segmentation of an h x w image). A
+    polygon of fewer than 3 points (a line, a point: some exporters write them) is left out of its object's
+    polygons, as Detectron2 leaves it; an object left with none is refused."""
     if isinstance(seg, list):
-        if not seg:
-            return "an empty polygon list"
         for poly in seg:
-            if not isinstance(poly, list) or len(poly) < 6 or len(poly) % 2:
-                return f"polygon {str(poly)[:40]} is not a list of 3 or more x, y pairs"
+            if not isinstance(poly, list) or len(poly) % 2:
+                return None, f"polygon {str(poly)[:40]} is not a list of x, y pairs"
             if not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in poly
             ):
-                return f"polygon {str(poly)[:40]} holds a value that is not a finite number"
-        return None
+                return None, f"polygon {str(poly)[:40]} holds a value that is not a finite number"
+        kept = [poly for poly in seg if len(poly) >= 6]
+        return (kept, None) if kept else (None, f"{str(seg)[:40]}: no polygon of 3 or more points")
     if isinstance(seg, dict):
         if "counts" not in seg or "size" not in seg:
-            return "an RLE without 'counts' and 'size'"
-        if list(seg["size"]) != [h, w]:
-            return f"an RLE of size {seg['size']}, its image is {h} x {w} (height, width)"
+            return None, "an RLE without 'counts' and 'size'"
+        if not isinstance(seg["size"], list) or seg["size"] != [h, w]:
+            return None, f"an RLE of size {seg['size']}, its image is {h} x {w} (height, width)"
         counts = seg["counts"]
         if not isinstance(counts, (list, str)):
-            return "RLE counts that are neither a list nor a string"
+            return None, "RLE counts that are neither a list nor a string"
         if isinstance(counts, list) and (
             not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
             or sum(counts) != h * w
         ):
-            return f"uncompressed RLE counts that are not whole numbers summing to {h} x {w} = {h * w} pixels"
-        return None
-    return f"{type(seg).__name__} {str(seg)[:40]} (neither polygons nor an RLE)"
+            return (
+                None,
+                f"uncompressed RLE counts that are not whole numbers summing to {h} x {w} = {h * w} pixels",
+            )
+        return seg, None
+    return None, f"{type(seg).__name__} {str(seg)[:40]} (neither polygons nor an RLE)"
 
 
 def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: str, masks: bool):
@@ -188,7 +192,7 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
             )
             continue
         if masks:
-            why = _segmentation(ann["segmentation"], h, w)
+            seg, why = _segmentation(ann["segmentation"], h, w)
             if why:
                 problems.add("segmentation", where, why)
                 continue
@@ -204,7 +208,7 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
         owner.append(position[iid])
         rows.append((x0, y0, x1, y1, label_of[cid], is_crowd, area, -1 if aid is None else aid))
         if masks:
-            segs.append(json.dumps(ann["segmentation"], separators=(",", ":")))
+            segs.append(json.dumps(seg, separators=(",", ":")))
     problems.raise_any()
     return _pack(images, owner, rows, segs, empty, masks, excluded, path)
 
