@@ -102,11 +102,6 @@ def fields_of_schema(specs, target, shown: str) -> Fields:
         raise bad(str(err)) from None
 
 
-def box_keys(specs: dict) -> dict:
-    """Per boxes field, the optional keys its samples hold and how its masks are stored."""
-    return {n: (s.get("keys") or [], s.get("masks")) for n, s in specs.items() if s.get("kind") == "boxes"}
-
-
 def check_layout(layout, fields: Fields, specs: dict, shown: str) -> None:
     """The chunks' leaves (``leaves.layout_of``) are the fields the sidecar records, or a ValueError: the
     index and sidecar of two conversions."""
@@ -138,13 +133,11 @@ def record_of(sample: dict, fields: Fields) -> dict:
                     f"field {name!r}: boxes of shape {boxes.shape} with {len(value['labels'])} labels"
                 )
             if isinstance(value.get("masks"), str):
-                value["masks"] = json.loads(value["masks"])
+                try:
+                    value["masks"] = json.loads(value["masks"])
+                except ValueError as err:
+                    raise BadInput(f"field {name!r}: its segmentations are not JSON ({err})") from None
         elif f.kind in ("image", "mask") and not (isinstance(value, np.ndarray) and value.dtype == np.uint8):
             raise BadInput(f"field {name!r} ({f.kind}) is not stored as bytes")
         record[name] = value
     return record
-
-
-def label_of(sample: dict, fields: Fields) -> int:
-    """What labels.npy records for a sample: the class index of a class target, else 0."""
-    return int(sample[fields.target]) if fields[fields.target].kind == "class" else 0

@@ -22,7 +22,7 @@ from feedline.datasets.cache import cache_path, check_array, default_cache_dir, 
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.overlap.same_data import check_own
 from feedline.datasets.paths import require_dir
-from feedline.datasets.records import Records, Source, check_class_names
+from feedline.datasets.records import BadInput, Records, Source, check_class_names
 from feedline.datasets.shards.cached import CachedChunks, cache_directory
 from feedline.datasets.shards.chunks import ChunkError, Chunks
 from feedline.datasets.shards.fields import check_layout, fields_of_schema, record_of
@@ -54,7 +54,11 @@ class ShardsRecords(Records):
 
     def read(self, row: int):
         if self.fields is not None:
-            return record_of(self.chunks.read_sample(row), self.fields)
+            sample = self.chunks.read_sample(row)
+            try:
+                return record_of(sample, self.fields)
+            except BadInput as err:
+                raise BadInput(f"{self.where(row)}: {err}") from None
         return self.chunks.read(row)
 
     def where(self, row: int) -> str:
