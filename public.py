@@ -42,6 +42,7 @@ PUBLIC = {
         "ManifestSource": "feedline.datasets.manifest.source",
         "ShapesSource": "feedline.datasets.shapes.source",
         "CocoSource": "feedline.datasets.coco.source",
+        "ShapesCocoSource": "feedline.datasets.shapes.coco",
     },
     "feedline.datamodules": {
         "ImageDataModule": "feedline.datamodules.image",
@@ -67,6 +68,7 @@ PUBLIC = {
         "Segmenter": "feedline.models.segmenter",
         "MultiLabelClassifier": "feedline.models.multilabel",
         "ImageRegressor": "feedline.models.regressor",
+        "Detector": "feedline.models.detector",
     },
     "feedline.callbacks": {
         "ModelCheckpoint": "feedline.callbacks.checkpoint",

@@ -19,6 +19,7 @@ def register() -> None:
         LazyFolderOptions,
         ManifestOptions,
         SegFolderOptions,
+        ShapesCocoOptions,
         ShapesOptions,
         ShardsOptions,
         WdsOptions,
@@ -40,6 +41,7 @@ def register() -> None:
         "shapes": ShapesOptions,
         "seg_folder": SegFolderOptions,
         "coco": CocoOptions,
+        "shapes_coco": ShapesCocoOptions,
         "converted_hdf5": ConvertedHDF5Options,
         "laid_out_lazy_folder": LaidOutLazyFolderOptions,
     }

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imp
     from feedline.datasets.manifest.source import ManifestSource
     from feedline.datasets.mix.source import MixSource
     from feedline.datasets.records import BadInput, RecordSet, Source
+    from feedline.datasets.shapes.coco import ShapesCocoSource
     from feedline.datasets.shapes.source import ShapesSource
     from feedline.datasets.shards.source import ShardsSource
     from feedline.datasets.wds.source import WdsSource
@@ -36,5 +37,6 @@ __all__ = [
     "ManifestSource",
     "ShapesSource",
     "CocoSource",
+    "ShapesCocoSource",
 ]
 __getattr__, __dir__ = _exports(__name__)

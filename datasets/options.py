@@ -164,3 +164,16 @@ class CocoOptions:
     empty: str = "keep"  # keep | skip: an image without (kept) annotations is a sample with no boxes, or none
     masks: bool = False  # true: each box's instance mask (polygons or RLE, through pycocotools)
     cache_dir: Optional[str] = None  # noqa: UP045 - where the index and the splits are kept
+
+
+@dataclass
+class ShapesCocoOptions:
+    _target_: str = "feedline.datasets.ShapesCocoSource"
+    root: str = REQUIRED  # where the shapes and their instances.json are written, once (source=shapes' files)
+    n: int = 600  # images generated
+    size: int = 64  # their side, in pixels
+    val_fraction: float = 0.2  # a seeded share of the images
+    test_fraction: float = 0.0  # a seeded share held out for trainer.test
+    seed: int = 0  # the split's seed (the images are always the same)
+    masks: bool = False  # true: each box's instance mask (the shape's pixels) in objects.masks
+    cache_dir: Optional[str] = None  # noqa: UP045 - where the coco index and the splits are kept

@@ -6,6 +6,7 @@ from feedline.public import exports as _exports
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from feedline.models.classifier import ImageClassifier
+    from feedline.models.detector import Detector
     from feedline.models.multilabel import MultiLabelClassifier
     from feedline.models.nets import SmallCNN, SmallUNet
     from feedline.models.regressor import ImageRegressor
@@ -18,5 +19,6 @@ __all__ = [
     "Segmenter",
     "MultiLabelClassifier",
     "ImageRegressor",
+    "Detector",
 ]
 __getattr__, __dir__ = _exports(__name__)

@@ -44,6 +44,7 @@ MODEL_FOR = {
     "class": "model=small_cnn (or resnet18)",
     "classes": "model=multilabel",
     "mask": "model=segmenter",
+    "boxes": "model=detector",
     "number": "model=regressor",
     "vector": "model=regressor",
     "text": "a model of your own (docs/tasks.md shows one for captions)",

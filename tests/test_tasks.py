@@ -34,7 +34,7 @@ def test_the_shapes_are_generated_the_same_every_time_and_once(tmp_path):
         materialise(str(tmp_path / "b"), n=12, size=32),
     )
     files = sorted(os.path.relpath(os.path.join(d, f), first) for d, _, fs in os.walk(first) for f in fs)
-    assert len(files) == 2 * 12 + 2  # images, masks, the table and its parameters
+    assert len(files) == 2 * 12 + 3  # images, masks, the table, the COCO file and its parameters
     same, different, missing = filecmp.cmpfiles(first, second, files, shallow=False)
     assert (different, missing) == ([], [])
     stamp = os.stat(os.path.join(first, TABLE)).st_mtime_ns
