@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -114,3 +116,30 @@ def convert_cli(tmp_path, tree, *out: str, timeout: int = 600) -> subprocess.Com
     # off a terminal, progress is plain lines: no bar redrawn with carriage returns (a log keeps each redraw)
     assert not re.search(r"\d%\|", done.stderr), done.stderr[-3000:]
     return done
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
+    """What a command started with ``start_new_session=True`` printed, and its exit status, once it has
+    ended; stopped (its whole session) if it runs past ``timeout`` seconds."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        stop_session(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def stop_session(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+
+
+@contextlib.contextmanager
+def running_beside(process: subprocess.Popen):
+    """``process`` (started with ``start_new_session=True``) left to run beside the commands the test runs
+    meanwhile: the suite's own process mostly waits on them, so the second command takes the other core.
+    Yields a function that waits for it (``finish``); it is stopped if the test ends first."""
+    try:
+        yield lambda: finish(process)
+    finally:
+        stop_session(process)
