@@ -28,7 +28,7 @@ from feedline.datasets.shards.chunks import Chunks, dataset_dirs
 from feedline.transforms.collate import Uint8Collate
 from feedline.transforms.stacks import TransformStacks
 from tests.conftest import ROOT_DIR
-from tests.helpers import convert_cli, simple_tree
+from tests.helpers import finish, running_beside, simple_tree
 
 
 # -- the sampler and the loader state, in process --------------------------------------------------------
@@ -350,9 +350,17 @@ def test_the_csv_logger_appends_and_moves_aside_the_rows_of_steps_logged_again(t
 
 
 # -- kill -9 and resume, from the command line ----------------------------------------------------------
-def train(
-    tmp_path, run: str, record: str, *overrides: str, kill_after_step: int | None = None, logger: str = "none"
-):
+def start_train(
+    tmp_path,
+    run: str,
+    record: str,
+    *overrides: str,
+    kill_after_step: int | None = None,
+    logger: str = "none",
+    cache: str = "cache",
+) -> subprocess.Popen:
+    """``python train.py`` with ``overrides``, started: its run directory ``tmp_path/run``, the batches it
+    trains on recorded in ``tmp_path/record.rank<N>`` (``tests/resume_probe.py``)."""
     probe = [
         "+callbacks.record._target_=tests.resume_probe.RecordBatches",
         f"+callbacks.record.path={tmp_path / record}",
@@ -364,7 +372,7 @@ def train(
         "train.py",
         f"paths.output_dir={tmp_path / run}",
         f"hydra.run.dir={tmp_path / run}",
-        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"paths.cache_dir={tmp_path / cache}",
         "trainer.max_epochs=2",
         "trainer.accelerator=cpu",
         f"logger={logger}",
@@ -372,9 +380,27 @@ def train(
         *overrides,
     ]
     # A session of its own: the probe kills the whole process group, as a scheduler's SIGKILL would.
-    return subprocess.run(
-        args, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600, start_new_session=True
+    return subprocess.Popen(
+        args,
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+
+
+def train(tmp_path, run: str, record: str, *overrides: str, **options) -> subprocess.CompletedProcess:
+    """``start_train``, waited for."""
+    return finish(start_train(tmp_path, run, record, *overrides, **options))
+
+
+def reference_beside(tmp_path, *overrides: str, **options):
+    """The uninterrupted reference run (``tmp_path/reference``, recorded in ``tmp_path/reference.rank<N>``,
+    with an index cache of its own), started now and left to run beside the runs the test starts meanwhile
+    (``running_beside``): a context whose value waits for it."""
+    process = start_train(tmp_path, "reference", "reference", *overrides, cache="cache-reference", **options)
+    return running_beside(process)
 
 
 def batches(path) -> dict[tuple[int, int], str]:
@@ -385,6 +411,19 @@ def batches(path) -> dict[tuple[int, int], str]:
         key = (int(epoch), int(index))
         assert seen.setdefault(key, digest) == digest, f"batch {key} differs after the resume"
     return seen
+
+
+def convert(tmp_path, tree, out, **options) -> None:
+    """What ``convert.py source=folder source.root=<tree> out.path=<out> ...`` writes, written in this process
+    (convert.py's command line is tests/test_hdf5.py's and tests/test_s3_shards.py's concern)."""
+    from feedline.writers.options import WriteOptions
+
+    if options.get("format") == "shards":
+        from feedline.writers.shards import convert_source
+    else:
+        from feedline.writers.hdf5 import convert_source
+    source = FolderSource(str(tree), val_fraction=0, cache_dir=tmp_path / "convert-cache")
+    convert_source(source, WriteOptions(path=str(out), **options))
 
 
 def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> list[str]:
@@ -400,7 +439,7 @@ def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> lis
             half.mkdir(exist_ok=True)
             shutil.copytree(Path(tree) / name, half / name)
         h5 = tmp_path / "extra.h5"
-        convert_cli(tmp_path, halves[1], f"out.path={h5}")
+        convert(tmp_path, halves[1], h5, workers=1)
         return [
             "source=mix",
             "+source/parts@source.parts.base=folder",
@@ -412,9 +451,7 @@ def source_options(source: str, tmp_path, tree: str, val_fraction: float) -> lis
         ]
     out = tmp_path / "shards"
     # about four images a chunk
-    convert_cli(
-        tmp_path, tree, "out.format=shards", f"out.path={out}", "out.chunk_bytes=2KB", "out.workers=1"
-    )
+    convert(tmp_path, tree, out, format="shards", chunk_bytes="2KB", workers=1)
     assert len(shard_chunks(out).files) >= 8
     return ["source=shards", f"source.path={out}", "source.window=1", f"source.val_fraction={val_fraction}"]
 
@@ -454,12 +491,13 @@ def test_a_run_killed_mid_epoch_resumes_with_the_batches_of_an_uninterrupted_run
     tree = simple_tree(tmp_path / "tree", per_class=20)  # 48 train samples, batches of 4
     data = [*source_options(source, tmp_path, tree, 0.2), "transforms=digits"]
     options = [*data, *setup, "data.batch_size=4", f"callbacks.model_checkpoint.every_n_train_steps={every}"]
-    reference = train(tmp_path, "reference", "reference", *options)
+    with reference_beside(tmp_path, *options) as uninterrupted:
+        killed = train(tmp_path, "run", "run", *options, kill_after_step=kill)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+        resumed = train(tmp_path, "run", "run", *options, "ckpt_path=last")
+        reference = uninterrupted()
     assert reference.returncode == 0, reference.stderr[-3000:]
-    killed = train(tmp_path, "run", "run", *options, kill_after_step=kill)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
-    resumed = train(tmp_path, "run", "run", *options, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumes epoch 1 at batch" in resumed.stderr + resumed.stdout
     assert "dataloader is not resumable" not in resumed.stderr  # Lightning sees a stateful loader
@@ -770,12 +808,13 @@ def test_a_run_killed_on_one_world_resumes_on_another_reading_each_sample_once(
         "callbacks.model_checkpoint.every_n_train_steps=3",
         "+callbacks.record.per_sample=true",
     ]
-    reference = train(tmp_path, "reference", "reference", *data, *after)
+    with reference_beside(tmp_path, *data, *after) as uninterrupted:
+        killed = train(tmp_path, "run", "killed", *data, *before, kill_after_step=kill)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        resumed = train(tmp_path, "run", "resumed", *data, *after, "ckpt_path=last")
+        reference = uninterrupted()
     assert reference.returncode == 0, reference.stderr[-3000:]
-    killed = train(tmp_path, "run", "killed", *data, *before, kill_after_step=kill)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = kill - kill % 3  # the steps last.ckpt holds (every 3)
-    resumed = train(tmp_path, "run", "resumed", *data, *after, "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "the rest is split over this world, each sample once" in resumed.stderr + resumed.stdout
 
@@ -826,7 +865,7 @@ def test_a_consumed_count_that_does_not_follow_from_the_batches_is_refused(tmp_p
 
 DROPPED = """
 import gc, sys, weakref
-from tests.helpers import simple_tree
+from tests.helpers import finish, running_beside, simple_tree
 from tests.test_resume import lightning_dm
 
 dm = lightning_dm(simple_tree(sys.argv[1]))
