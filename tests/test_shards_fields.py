@@ -53,9 +53,9 @@ def drawn(n: int):
 
 
 class BoxRecords(Records):
-    def __init__(self, n: int, drop=()):
+    def __init__(self, n: int, drop=(), paths=()):
         super().__init__()
-        self.n, self.drop = n, set(drop)
+        self.n, self.drop, self.paths = n, set(drop), set(paths)
 
     @property
     def total(self) -> int:
@@ -76,7 +76,8 @@ class BoxRecords(Records):
         }
         if row in self.drop:
             del objects["iscrowd"]
-        return {"image": png(image, "RGB"), "objects": objects, "caption": f"photo {row} é", "score": row / 4}
+        caption = __file__ if row in self.paths else f"photo {row} é"
+        return {"image": png(image, "RGB"), "objects": objects, "caption": caption, "score": row / 4}
 
     def where(self, row: int) -> str:
         return f"boxes row {row}"
@@ -86,14 +87,14 @@ class BoxSource(Source):
     fields = FIELDS
     classes = list(CLASSES)
 
-    def __init__(self, n: int = 10, drop=()):
-        self.n, self.drop = n, drop
+    def __init__(self, n: int = 10, drop=(), paths=()):
+        self.n, self.drop, self.paths = n, drop, paths
 
     def prepare(self) -> None:
         pass
 
     def split(self, name: str) -> BoxRecords:
-        return BoxRecords(self.n, self.drop)
+        return BoxRecords(self.n, self.drop, self.paths)
 
 
 class Pixels(PixelSource):
@@ -262,11 +263,12 @@ def test_a_target_without_classes_splits_a_seeded_share_of_every_sample(boxes_di
     assert not ids["train"] & ids["val"]
 
 
-def test_a_sample_missing_an_array_the_first_holds_is_skipped_and_named(tmp_path):
-    summary = write(BoxSource(6, drop=(3,)), tmp_path / "s", shuffle=False)
-    assert summary["images"] == 5 and summary["skipped"] == 1
+def test_a_sample_litdata_would_store_otherwise_is_skipped_and_named(tmp_path):
+    summary = write(BoxSource(6, drop=(3,), paths=(5,)), tmp_path / "s", shuffle=False)
+    assert summary["images"] == 4 and summary["skipped"] == 2
     listed = (tmp_path / "s" / "skipped.tsv").read_text()
-    assert "boxes row 3\tfield 'objects' (boxes): it holds no 'iscrowd'" in listed
+    assert "boxes row 3\tfield 'objects' (boxes): it holds no 'iscrowd'" in listed  # not the first's arrays
+    assert "boxes row 5\tfield 'caption' (text): " in listed and "is the path of a file here" in listed
 
 
 def test_a_malformed_sample_inside_a_chunk_is_an_oserror_naming_the_chunk(boxes_dir, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -118,6 +119,10 @@ def _stored(field, value, size, target, geometry, spec: dict):
         return np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
     if not isinstance(value, str):  # text, json
         raise TypeError(f"expected text, got {type(value).__name__}")
+    if os.path.isfile(value):  # LitData's writer would store that file's bytes in its place
+        raise ValueError(
+            f"{value!r} is the path of a file here, which LitData's writer embeds instead of the text"
+        )
     return value
 
 
