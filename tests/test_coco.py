@@ -297,7 +297,7 @@ def test_the_issues_yaml_reads_train_and_val_batches_of_detection_targets(tmp_pa
         f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
         "experiment=det",
         "data.batch_size=4",
-        "data.num_workers=2",
+        "data.num_workers=0",
     )
     data = instantiate(cfg.data, "data")
     assert isinstance(data.source, CocoSource) and data.source.classes == ["triangle", "circle", "square"]
@@ -339,3 +339,11 @@ def test_a_strict_resume_refuses_a_changed_annotation_file(tmp_path):
     with pytest.raises(ResumeError, match="sample fields") as refused:
         loader().train_dataloader().load_state_dict(state)
     assert "table content" in str(refused.value)
+
+
+def test_the_whole_source_contract_holds(tmp_path):
+    """Pickles small, workers read what the main process sees, disjoint seeded splits, decode, bad samples and
+    resume: ``feedline.testing.check_source``, as for every source (its one test with worker processes)."""
+    from feedline.testing import check_source
+
+    check_source(_source(tmp_path, _coco(tmp_path, 16), val_fraction=0.25, test_fraction=0.125))
