@@ -267,6 +267,16 @@ def test_val_comes_from_its_own_file_or_a_seeded_share(tmp_path):
             str(tmp_path / "images"),
             val_annotations=str(tmp_path / "ann" / "val.json"),
         )
+    val_doc["categories"] = [{"id": 3, "name": "disc"}, *CATEGORIES[1:]]  # id 3 named otherwise
+    _write(tmp_path / "ann" / "val.json", val_doc)
+    other = CocoSource(
+        str(tmp_path / "ann" / "train.json"),
+        str(tmp_path / "images"),
+        val_annotations=str(tmp_path / "ann" / "val.json"),
+        val_images=str(tmp_path / "v" / "images"),
+    )
+    with pytest.raises(ValueError, match="id 3 is 'disc' here, 'circle' in the train file"):
+        other.prepare()
 
 
 def _framed(image, target) -> None:
