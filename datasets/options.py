@@ -156,7 +156,7 @@ class CocoOptions:
     val_annotations: Optional[str] = None  # noqa: UP045 - val's JSON (with val_images); else val_fraction
     val_images: Optional[str] = None  # noqa: UP045 - the folder of val's images
     test_annotations: Optional[str] = None  # noqa: UP045 - a JSON for trainer.test (with test_images)
-    test_images: Optional[str] = None  # noqa: UP045
+    test_images: Optional[str] = None  # noqa: UP045 - the folder of test's images
     val_fraction: float = 0.1  # without val_annotations: a seeded share of the images
     test_fraction: float = 0.0  # without test_annotations: a seeded share held out for test
     seed: int = 0
