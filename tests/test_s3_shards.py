@@ -164,7 +164,10 @@ def test_a_chunk_deleted_mid_run_is_named_with_its_url(s3_server, remote, tmp_pa
 
 
 def test_an_endpoint_stopped_mid_pass_is_named_and_leaves_no_partial_chunk(s3_server, remote, tmp_path):
-    records = remote_source(s3_server, remote, tmp_path).split("train")
+    # two attempts, not the default five: the message is the same, without five backoffs to wait out
+    # (the default's count is the endpoint-down-at-start test's)
+    down_fast = options(s3_server, max_attempts=2)
+    records = remote_source(s3_server, remote, tmp_path, storage_options=down_fast).split("train")
     records.chunks.read(0)
     pid = s3_server.process.pid
     s3_server.stop()  # by its process id
@@ -300,17 +303,15 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
     """train.py from the command line on trainer=ddp_sim with 2 workers a rank, from a bucket, with a cache
     limit below the dataset's size: the cache directory, sampled every 2 ms through two passes, never holds
     more than the limit (downloads in progress included); killed with SIGKILL mid-epoch and resumed with
-    another, empty cache directory, the run goes on with the very batches of an uninterrupted run."""
-    from tests.test_resume import batches, train
+    another, empty cache directory, the run goes on with the very batches of an uninterrupted run. (The
+    dataset is converted in this process: convert.py's command line is the test above's.)"""
+    from tests.test_resume import batches, convert, reference_beside, train
 
     tree = simple_tree(tmp_path / "tree", per_class=20)
     url = s3_server.new_prefix()
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
-    convert = [sys.executable, "convert.py", "source=folder", f"source.root={tree}", "out.format=shards"]
-    convert += [f"out.path={url}", "out.chunk_bytes=2KB", "out.workers=1", f"hydra.run.dir={tmp_path / 'cv'}"]
-    done = subprocess.run(convert, cwd=ROOT_DIR, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    convert(tmp_path, tree, url, format="shards", chunk_bytes="2KB", workers=1)
     dataset = sum(
         o["Size"]
         for o in s3_server.client().list_objects_v2(
@@ -344,17 +345,13 @@ def test_a_ddp_run_from_s3_stays_under_its_cache_limit_and_resumes_after_kill_9_
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        reference = train(
-            tmp_path, "reference", "reference", *options, f"source.cache_dir={tmp_path / 'caches-a'}"
-        )
+        cache = {run: f"source.cache_dir={tmp_path / f'caches-{run}'}" for run in "abc"}
+        with reference_beside(tmp_path, *options, cache["a"]) as uninterrupted:
+            killed = train(tmp_path, "run", "run", *options, cache["b"], kill_after_step=10)
+            assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+            resumed = train(tmp_path, "run", "run", *options, cache["c"], "ckpt_path=last")
+            reference = uninterrupted()
         assert reference.returncode == 0, reference.stderr[-3000:]
-        killed = train(
-            tmp_path, "run", "run", *options, f"source.cache_dir={tmp_path / 'caches-b'}", kill_after_step=10
-        )
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-        resumed = train(
-            tmp_path, "run", "run", *options, f"source.cache_dir={tmp_path / 'caches-c'}", "ckpt_path=last"
-        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
     finally:
         done_sampling.set()
