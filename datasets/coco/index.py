@@ -97,9 +97,12 @@ def open_index(path: str, digest: str, root: str, options: dict, categories=None
         write_text(directory / "meta.json", json.dumps(meta, ensure_ascii=False))  # last
         index = _load(directory, names)
         log.info(
-            "indexed %d images, %d annotations of %s in %.2f s",
+            "indexed %d images (%d without boxes skipped, source.empty), %d annotations (%d crowd left out, "
+            "source.crowd) of %s in %.2f s",
             found["images"],
+            found["skipped_empty"],
             found["annotations"],
+            found["crowd_excluded"],
             path,
             time.perf_counter() - started,
         )
