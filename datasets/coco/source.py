@@ -77,6 +77,10 @@ class CocoSource(Source):
                 self._json(json_path, _key(split, "annotations")),
                 require_dir(folder, _key(split, "images")),
             )
+        if "train" not in self._files:
+            raise ValueError(
+                "source.annotations and source.images are required: the instances JSON and its images"
+            )
         train = self._files["train"][0]
         for split in ("val", "test"):
             if split in self._files and self._files[split][0] == train:
