@@ -24,7 +24,7 @@ from feedline.datamodules.image import ImageDataModule
 from feedline.storage.secrets import HIDDEN, SECRET_OPTIONS, without_secrets
 from feedline.storage.stores import STORAGE_OPTIONS, S3Store, StoreError
 from tests.conftest import ROOT_DIR
-from tests.helpers import simple_tree
+from tests.helpers import finish, running_beside, simple_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, upload_dir
 
 SECRETS = (SECRET_KEY.encode(), ACCESS_KEY.encode())  # the key id is a prefix of the secret: both searched
@@ -347,14 +347,25 @@ def test_a_hidden_secret_is_refused_by_key_and_a_reference_to_a_missing_variable
 
 
 # -- real runs against the S3 server ----------------------------------------------------------------------------
-def run(tmp_path, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``script`` from the command line with no ``AWS_*`` variable: the store is reached through the
+def start(tmp_path, script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``script`` from the command line with no ``AWS_*`` variable, started: the store is reached through the
     storage options only."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    clean.update(FEEDLINE_CACHE_DIR=str(tmp_path / "cache"), **(env or {}))
-    return subprocess.run(
-        [sys.executable, script, *args], cwd=ROOT_DIR, env=clean, capture_output=True, text=True, timeout=600
+    clean.update({"FEEDLINE_CACHE_DIR": str(tmp_path / "cache"), **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, script, *args],
+        cwd=ROOT_DIR,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+
+
+def run(tmp_path, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``start``, waited for."""
+    return finish(start(tmp_path, script, *args, env=env))
 
 
 def storage_options(server, key: str, key_id: str = ACCESS_KEY, secret: str = SECRET_KEY) -> list[str]:
@@ -444,7 +455,15 @@ def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_stor
     lit, ref = "source.parts.lit.source.storage_options", "source.parts.ref.source.storage_options"
     mix += storage_options(s3_server, lit)
     mix += storage_options(s3_server, ref, "${oc.env:TEST_KEY_ID}", "${oc.env:TEST_SECRET}")
-    swept = run(tmp_path, "train.py", *mix, env={"TEST_KEY_ID": ACCESS_KEY, "TEST_SECRET": SECRET_KEY})
+    # the multirun runs beside the single run and its resume below (a cache of its own, searched too)
+    sweep_env = {
+        "TEST_KEY_ID": ACCESS_KEY,
+        "TEST_SECRET": SECRET_KEY,
+        "FEEDLINE_CACHE_DIR": str(tmp_path / "cache-sweep"),
+    }
+    with running_beside(start(tmp_path, "train.py", *mix, env=sweep_env)) as sweep:
+        key, resumed = single_run_and_resume(s3_server, tmp_path, url, small)
+        swept = sweep()
     assert swept.returncode == 0, swept.stderr[-3000:]
     job = tmp_path / "sweep" / "0"
     assert (tmp_path / "sweep" / "summary.md").exists() and (job / "summary.json").exists()
@@ -453,6 +472,33 @@ def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_stor
     held_by = {reference(f"{lit}.aws_secret_access_key"), "${oc.env:TEST_SECRET}"}  # each holds the secret
     assert {recorded_secret(job / "checkpoints" / "last.ckpt", part) for part in ("lit", "ref")} <= held_by
 
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert list((tmp_path / "empty-cache" / "chunks").iterdir())  # read from the store again
+    epochs = {row.split(",")[0] for row in (tmp_path / "run" / "csv" / "metrics.csv").read_text().split()[1:]}
+    assert epochs == {"0", "1"}  # the second epoch was trained
+    assert recorded_secret(tmp_path / "run" / "checkpoints" / "last.ckpt") == reference(key)
+    # the datamodule rebuilt from the checkpoint alone reaches the store where the recorded variables are set
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(env_name(key), SECRET_KEY)
+    monkeypatch.setenv(env_name("source.storage_options.aws_access_key_id"), ACCESS_KEY)
+    rebuilt = ImageDataModule.load_from_checkpoint(
+        tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    rebuilt.setup("fit")
+    assert len(rebuilt.datasets["train"][0][0]) > 0
+
+    roots = [tmp_path / name for name in ("convert", "sweep", "run", "cache", "cache-sweep", "empty-cache")]
+    assert assert_no_secret_under(*roots) > 20
+    client, (bucket, prefix) = s3_server.client(), url[len("s3://") :].split("/", 1)
+    for listed in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]:
+        body = client.get_object(Bucket=bucket, Key=listed["Key"])["Body"].read()
+        assert not any(secret in body for secret in SECRETS), listed["Key"]
+
+
+def single_run_and_resume(s3_server, tmp_path, url: str, small: list[str]):
+    """The single run of the test above, one epoch on two DDP ranks, and its resume for a second epoch onto
+    an empty cache: the key of its secret and the resume's CompletedProcess (checked by the caller)."""
     key = "source.storage_options.aws_secret_access_key"
     # two DDP ranks: Lightning starts the second with this process's sys.argv, which holds the reference only
     single = [
@@ -472,28 +518,7 @@ def test_no_file_a_run_writes_holds_a_secret_and_a_resume_still_reaches_the_stor
     ).exists()  # the second rank ran, and reached the store
     resume = ["trainer.max_epochs=2", "ckpt_path=last", f"source.cache_dir={tmp_path / 'empty-cache'}"]
     resumed = run(tmp_path, "train.py", *single, *resume)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert list((tmp_path / "empty-cache" / "chunks").iterdir())  # read from the store again
-    epochs = {row.split(",")[0] for row in (tmp_path / "run" / "csv" / "metrics.csv").read_text().split()[1:]}
-    assert epochs == {"0", "1"}  # the second epoch was trained
-    assert recorded_secret(tmp_path / "run" / "checkpoints" / "last.ckpt") == reference(key)
-    # the datamodule rebuilt from the checkpoint alone reaches the store where the recorded variables are set
-    for name in [k for k in os.environ if k.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv(env_name(key), SECRET_KEY)
-    monkeypatch.setenv(env_name("source.storage_options.aws_access_key_id"), ACCESS_KEY)
-    rebuilt = ImageDataModule.load_from_checkpoint(
-        tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True
-    )
-    rebuilt.setup("fit")
-    assert len(rebuilt.datasets["train"][0][0]) > 0
-
-    roots = [tmp_path / name for name in ("convert", "sweep", "run", "cache", "empty-cache")]
-    assert assert_no_secret_under(*roots) > 20
-    client, (bucket, prefix) = s3_server.client(), url[len("s3://") :].split("/", 1)
-    for listed in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]:
-        body = client.get_object(Bucket=bucket, Key=listed["Key"])["Body"].read()
-        assert not any(secret in body for secret in SECRETS), listed["Key"]
+    return key, resumed
 
 
 @pytest.mark.slow
