@@ -76,7 +76,7 @@ def test_index_scale_benchmark_runs_and_writes_json(tmp_path):
 @pytest.mark.slow
 def test_throughput_benchmark_runs_every_row(tmp_path):
     printed, result = run_benchmark(
-        "throughput.py", tmp_path, "--images", "200", "--batch-size", "16", "--repeat", "1"
+        "throughput.py", tmp_path, "--images", "64", "--batch-size", "16", "--repeat", "1"
     )
     assert "| ImageFolder (PIL classic) |" in printed
     rows = {r["row"]: r for r in result["rows"]}
