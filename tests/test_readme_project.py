@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT_DIR
-from tests.helpers import simple_tree
+from tests.helpers import finish, running_beside, simple_tree
 from tests.test_quiet import assert_quiet
 
 SNIPPET = re.compile(r"<!-- project file: (\S+) -->\n```\w+[^\n]*\n(.*?)\n```", re.S)  # ```python title="..."
@@ -54,13 +54,24 @@ def test_the_readme_project_trains_tests_and_predicts_with_feedline_from_a_wheel
     shutil.copy(incoming / "x" / "000.png", incoming / "top.png")
     env = {**os.environ, "PYTHONPATH": str(site), "FEEDLINE_CACHE_DIR": str(tmp_path / "cache")}
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        out = subprocess.run(
-            [sys.executable, *args], cwd=project, env=env, capture_output=True, text=True, timeout=600
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        assert out.returncode == 0, f"{args}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+
+    def succeeded(out: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+        assert out.returncode == 0, f"{out.args[1:]}:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
         assert_quiet(out.stdout + out.stderr)
         return out
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return succeeded(finish(start(*args)))
 
     where = run("-c", "import feedline.datasets as m; print(m.__file__)").stdout.strip()
     assert where.startswith(str(site)), where  # the wheel's feedline, not the checkout's
@@ -80,14 +91,14 @@ def test_the_readme_project_trains_tests_and_predicts_with_feedline_from_a_wheel
     if collate == "default":  # what depends on the collate is trained and looped; predict is the same code
         assert "epoch 0: loss" in run("loop.py", *data).stdout
         return
-    run("predict.py", "model.ckpt", str(incoming), "predictions.csv")
+    with running_beside(start("loop.py", *data)) as loop:  # the loop writes nothing predict.py reads
+        run("predict.py", "model.ckpt", str(incoming), "predictions.csv")
+        looped = succeeded(loop())
     with open(project / "predictions.csv", newline="") as f:
         rows = list(csv.reader(f))
     expected = sorted(str(p) for p in incoming.rglob("*.png"))
     assert rows[0] == ["path", "class"] and [r[0] for r in rows[1:]] == expected
     assert {r[1] for r in rows[1:]} <= {"cat", "dog", "eel"}
-
-    looped = run("loop.py", *data)
     assert "epoch 0: loss" in looped.stdout
 
 
