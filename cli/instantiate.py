@@ -107,7 +107,10 @@ def short_errors():
         # a ChunkError names its chunk (a damaged dataset, not a bug); from a DataLoader worker its message
         # carries the worker's traceback, whose last line is the error itself
         said = str(err).strip().splitlines()[-1] if isinstance(err, ChunkError) else str(err)
-        named = isinstance(err, ChunkError) or _NAMES_A_KEY.search(said)
+        # an error that names its input file (``names_its_input``: a COCO file's problems) says it all too
+        named = (
+            isinstance(err, ChunkError) or getattr(err, "names_its_input", False) or _NAMES_A_KEY.search(said)
+        )
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not named:
             raise
         print(

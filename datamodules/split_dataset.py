@@ -9,6 +9,7 @@ import logging
 
 from feedline.datamodules.samples import SampleDataset
 from feedline.datasets.folder.unlabeled import unlabeled_folder
+from feedline.transforms.boxes import check_box_stack
 from feedline.transforms.collate import PadCollate
 from feedline.transforms.deferred import defer_crop
 from feedline.transforms.stacks import compose
@@ -50,6 +51,12 @@ def split_dataset(loaders, split: str) -> SampleDataset:
     if split != "predict":  # pixels a transform invents (padding, rotation corners) carry no class
         for stack in (transform, *parts.values()):
             fill_masks(stack, loaders.fields)
+    if split == "train" and loaders.fields is not None and loaders.fields.of_kind("boxes"):
+        for key, stack in (
+            ("transforms.train", transform),
+            *((f"source.parts.{k}.transforms", t) for k, t in parts.items()),
+        ):
+            check_box_stack(stack, key)
     if getattr(loaders.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
         transform = defer_crop(transform)
         parts = {k: defer_crop(t) for k, t in parts.items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torchvision.transforms import v2
 
+from feedline.datasets.fields import GEOMETRIC
 from feedline.storage.stores import is_url
 from feedline.transforms.reduce import minimum_size
 
@@ -24,7 +25,9 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
     """The names above that hold for ``datamodule``'s train loader with ``workers`` workers."""
     train = datamodule.transforms.train
     found = set()
-    if datamodule.reduced_decode and train is not None and minimum_size(train) is not None:
+    fields = getattr(datamodule, "fields", None)
+    alone = fields is None or len(fields.of_kind(*GEOMETRIC)) == 1  # beside a mask or boxes: full-size decode
+    if datamodule.reduced_decode and alone and train is not None and minimum_size(train) is not None:
         found.add(REDUCED_DECODE)
     if getattr(datamodule.collate, "reuse_buffers", False):
         found.add(UINT8_BATCHES)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -119,18 +120,22 @@ def _threads(n: int):
 def model_step(
     model: torch.nn.Module, batch, device: torch.device, on_device: Callable | None, repeats: int = 5
 ) -> float:
-    """Seconds for one training step (forward, backward, optimizer step) of ``model`` on ``batch``."""
+    """Seconds for one training step (forward, backward, optimizer step) of ``model`` on ``batch``: the loss of
+    the model's own ``training_step`` where it has one (every feedline model: a classifier, a segmenter, a
+    detector alike), else the cross-entropy of ``model(x)`` against ``y``."""
     model = model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = type(batch)(*(x.to(device) if isinstance(x, torch.Tensor) else x for x in batch))
+    if hasattr(batch, "to"):  # a Batch: every field, a detection batch's targets too
+        batch = batch.to(device)
+    else:
+        batch = type(batch)(*(x.to(device) if isinstance(x, torch.Tensor) else x for x in batch))
     if on_device is not None:
         batch = on_device(batch)
-    image, label = batch[0], batch[1]
+    loss_of = _loss_of(model)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(image), label)
-        loss.backward()
+        loss_of(batch).backward()
         optimizer.step()
 
     step()  # warm-up: allocations, cuDNN autotuning
@@ -142,6 +147,21 @@ def model_step(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (clock() - start) / repeats
+
+
+def _loss_of(model: torch.nn.Module) -> Callable:
+    """``batch -> loss``: the model's ``training_step`` (its ``self.log`` calls, made without a trainer, are
+    quiet), or cross-entropy for a plain ``nn.Module`` classifier."""
+    if callable(getattr(model, "training_step", None)):
+
+        def own(batch):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # self.log without a trainer: nothing to log to
+                out = model.training_step(batch, 0)
+            return out["loss"] if isinstance(out, dict) else out
+
+        return own
+    return lambda batch: torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
 
 
 __getattr__ = old_names(__name__)  # names that moved to another module keep working for one release

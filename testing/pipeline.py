@@ -11,6 +11,7 @@ from torchvision.transforms import v2
 from feedline.datamodules.bad_samples import BadSampleError
 from feedline.datamodules.loaders import ImageLoaders
 from feedline.datamodules.samples import SampleDataset
+from feedline.datasets.fields import fields_of
 from feedline.datasets.records import BadInput
 from feedline.testing.common import checking, fail, same
 from feedline.transforms.stacks import TransformStacks
@@ -85,7 +86,12 @@ def resume(source, size: int, seed: int) -> None:
 
 def train_loader(source, batch_size: int, seed: int):
     # a random crop to one size: batches stack, and each sample's augmentation must follow its own seed
-    stacks = TransformStacks(train=[v2.RandomResizedCrop(16, antialias=True)])
+    train = [v2.RandomResizedCrop(16, antialias=True)]
+    if fields_of(source).of_kind("boxes"):  # boxes a crop leaves degenerate go, as transforms=detection does
+        from feedline.transforms.boxes import SanitizeBoxes
+
+        train.append(SanitizeBoxes())
+    stacks = TransformStacks(train=train)
     return ImageLoaders(
         source, stacks, None, batch_size=batch_size, num_workers=0, seed=seed
     ).train_dataloader()

@@ -195,9 +195,12 @@ def test_mixup_is_refused_for_boxes_and_the_uint8_collate_lists_targets():
     data = ImageLoaders(BoxSource(8), stacks, Uint8Collate(), batch_size=4, num_workers=0)
     with pytest.raises(ValueError, match="kind boxes"):
         data.device_batch(next(iter(data.train_dataloader())), training=True)
-    for train in (CROP, CROP[:2]):  # crop and flip alone: the collate would finish them, but boxes must move
-        batch = next(iter(loaders(BoxSource(8), collate=Uint8Collate(), train=train).train_dataloader()))
-        assert batch.image.shape == (4, 3, 48, 48) and check(batch)
+    batch = next(iter(loaders(BoxSource(8), collate=Uint8Collate()).train_dataloader()))
+    assert batch.image.shape == (4, 3, 48, 48) and check(batch)
+    from feedline.transforms.deferred import DeferredCrop  # a crop and flip the collate would finish, with boxes
+
+    sample = DeferredCrop(CROP[:2])(FieldDecoder(FIELDS)(BoxRecords([7]).read(0)))
+    assert isinstance(sample["image"], tv_tensors.Image) and unframed(sample["image"], sample["objects"]) == []
 
 
 def test_bench_times_the_boxes_as_their_own_stage():
@@ -229,3 +232,52 @@ def test_feedlines_crop_gives_torchvisions_pixels_and_boxes_on_a_sample_of_field
         torch.equal(ours["objects"]["boxes"], theirs["objects"]["boxes"])
         and unframed(ours["image"], ours["objects"]) == []
     )
+
+
+def test_a_stack_that_crops_boxes_without_sanitizing_is_refused_with_the_fix():
+    with pytest.raises(
+        ValueError, match=r"transforms.train moves boxes through RandomResizedCrop.*SanitizeBoxes"
+    ):
+        loaders(BoxSource(8), train=CROP[:2]).setup("fit")
+    loaders(BoxSource(8), train=[v2.RandomHorizontalFlip()]).setup("fit")  # a flip leaves every box whole
+    loaders(BoxSource(8)).setup("fit")
+
+
+def test_images_of_two_sizes_under_the_uint8_collate_point_to_collate_detection():
+    collate = Uint8Collate()
+    target = decode_boxes({"boxes": np.zeros((0, 4)), "labels": []}, "XYXY", (8, 8), 3)
+    samples = [
+        {"image": tv_tensors.Image(torch.zeros(3, 8, s, dtype=torch.uint8)), "objects": target}
+        for s in (8, 9)
+    ]
+    with pytest.raises(RuntimeError, match="use collate=detection"):
+        collate(samples)
+
+
+def test_bench_times_a_detection_models_own_training_step():
+    import lightning as L
+
+    from feedline.diagnostics.loader_bench import model_step
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def training_step(self, batch, batch_idx):
+            images, targets = batch
+            loss = self.w * (images.mean() + sum(len(t["boxes"]) for t in targets))
+            self.log("train/loss", loss)
+            return loss
+
+    data = loaders(BoxSource(8))
+    batch = next(iter(data.train_dataloader()))
+    assert (
+        model_step(Tiny(), batch, torch.device("cpu"), lambda b: data.device_batch(b, training=True), 2) > 0
+    )
+
+
+def test_bench_does_not_claim_reduced_decode_for_samples_with_boxes():
+    from feedline.diagnostics.in_force import REDUCED_DECODE, in_force
+
+    assert REDUCED_DECODE not in in_force(loaders(BoxSource(8)), workers=0, cpus=2)

@@ -134,3 +134,39 @@ class SanitizeBoxes(v2.SanitizeBoundingBoxes):
 
     def __init__(self, min_size: float = 1.0, min_area: float = 1.0):
         super().__init__(min_size=min_size, min_area=min_area, labels_getter=_per_box_values)
+
+
+# transforms that can leave a box a sliver or outside the image: a stack moving boxes needs a sanitize after them
+_CUTTING = (
+    v2.RandomResizedCrop,
+    v2.RandomCrop,
+    v2.CenterCrop,
+    v2.RandomIoUCrop,
+    v2.RandomAffine,
+    v2.RandomRotation,
+    v2.RandomPerspective,
+    v2.ElasticTransform,
+    v2.FiveCrop,
+    v2.TenCrop,
+)
+
+
+def check_box_stack(transforms, where: str = "transforms.train") -> None:
+    """A train stack that crops (or rotates, shears, warps) boxes must then drop the ones it left degenerate:
+    else a box of zero width reaches the model, and torchvision's detection models stop the run far from the
+    stack that made it. Refused by name, with the fix."""
+    steps = list(_steps(transforms))
+    cutting = [type(t).__name__ for t in steps if isinstance(t, _CUTTING)]
+    if cutting and not any(isinstance(t, v2.SanitizeBoundingBoxes) for t in steps):
+        raise ValueError(
+            f"{where} moves boxes through {cutting[0]}, which can leave a box a sliver or outside the image, and "
+            "never drops those: end the stack with feedline.transforms.SanitizeBoxes, or use transforms=detection"
+        )
+
+
+def _steps(transform):
+    if transform is None:
+        return
+    yield transform
+    for inner in getattr(transform, "transforms", None) or ():
+        yield from _steps(inner)

@@ -55,6 +55,12 @@ _SIZE_HINT = (
 )
 
 
+_BOXES_HINT = (
+    "These samples hold boxes: use collate=detection, which lists images of different sizes for a detection "
+    "model (it resizes each itself)"
+)
+
+
 class DefaultCollate(Collate):
     """torch's ``default_collate``, returned as a ``Batch``."""
 
@@ -122,9 +128,11 @@ class Uint8Collate(Collate):
         images = [s[layout.x] for s in samples]
         first = images[0]
         if any(image.shape != first.shape for image in images):
+            boxes = any(kind == "boxes" for _, kind in layout.kinds)
             raise RuntimeError(
                 f"collate=uint8 got images of shapes {tuple(first.shape)} and "
-                f"{next(tuple(i.shape) for i in images if i.shape != first.shape)}. {_SIZE_HINT}"
+                f"{next(tuple(i.shape) for i in images if i.shape != first.shape)}. "
+                + (_BOXES_HINT if boxes else _SIZE_HINT)
             )
         channels_last = _is_channels_last(first)
         c, h, w = first.shape

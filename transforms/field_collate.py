@@ -43,7 +43,8 @@ def _sizes_differ(name: str, values) -> RuntimeError:
     shapes = sorted({tuple(v.shape) for v in values})
     return RuntimeError(
         f"field {name!r} has samples of shapes {shapes[0]} and {shapes[1]} in one batch: end the transform stack "
-        "with a resize or crop (it moves masks with their images), or use collate=pad"
+        "with a resize or crop (it moves masks and boxes with their images), or use collate=pad (collate=detection "
+        "for samples with boxes: it lists images of different sizes)"
     )
 
 

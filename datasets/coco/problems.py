@@ -41,6 +41,8 @@ FIXES = {
 class CocoError(ValueError):
     """An annotation file that cannot be trained on as it is (every problem found, by kind)."""
 
+    names_its_input = True  # its message names the file, the ids and the fix: the command line prints it alone
+
 
 class Problems:
     """The problems of one file, by kind: the first ``SHOWN`` of each kept in words, all counted."""
