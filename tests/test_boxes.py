@@ -197,10 +197,14 @@ def test_mixup_is_refused_for_boxes_and_the_uint8_collate_lists_targets():
         data.device_batch(next(iter(data.train_dataloader())), training=True)
     batch = next(iter(loaders(BoxSource(8), collate=Uint8Collate()).train_dataloader()))
     assert batch.image.shape == (4, 3, 48, 48) and check(batch)
-    from feedline.transforms.deferred import DeferredCrop  # a crop and flip the collate would finish, with boxes
+    from feedline.transforms.deferred import (
+        DeferredCrop,
+    )  # a crop and flip the collate would finish, with boxes
 
     sample = DeferredCrop(CROP[:2])(FieldDecoder(FIELDS)(BoxRecords([7]).read(0)))
-    assert isinstance(sample["image"], tv_tensors.Image) and unframed(sample["image"], sample["objects"]) == []
+    assert (
+        isinstance(sample["image"], tv_tensors.Image) and unframed(sample["image"], sample["objects"]) == []
+    )
 
 
 def test_bench_times_the_boxes_as_their_own_stage():
@@ -235,10 +239,10 @@ def test_feedlines_crop_gives_torchvisions_pixels_and_boxes_on_a_sample_of_field
 
 
 def test_a_stack_that_crops_boxes_without_sanitizing_is_refused_with_the_fix():
-    with pytest.raises(
-        ValueError, match=r"transforms.train moves boxes through RandomResizedCrop.*SanitizeBoxes"
-    ):
-        loaders(BoxSource(8), train=CROP[:2]).setup("fit")
+    unlabelled = v2.SanitizeBoundingBoxes(labels_getter=None)  # would keep the dropped boxes' labels
+    for train in (CROP[:2], [SanitizeBoxes(), *CROP[:2]], [*CROP[:2], unlabelled]):
+        with pytest.raises(ValueError, match=r"moves boxes through RandomResizedCrop.*SanitizeBoxes"):
+            loaders(BoxSource(8), train=train).setup("fit")
     loaders(BoxSource(8), train=[v2.RandomHorizontalFlip()]).setup("fit")  # a flip leaves every box whole
     loaders(BoxSource(8)).setup("fit")
 
@@ -281,3 +285,22 @@ def test_bench_does_not_claim_reduced_decode_for_samples_with_boxes():
     from feedline.diagnostics.in_force import REDUCED_DECODE, in_force
 
     assert REDUCED_DECODE not in in_force(loaders(BoxSource(8)), workers=0, cpus=2)
+
+
+def test_a_box_beyond_its_image_or_of_negative_size_is_bad_input():
+    with pytest.raises(
+        DecodeError, match=r"box 1 \[60.0, 50.0, 20.0, 20.0\] \(XYWH\) lies beyond the 48x40 image"
+    ):
+        decode_boxes({"boxes": [[0, 0, 8, 8], [60, 50, 20, 20]], "labels": [0, 0]}, "XYWH", (40, 48), 3)
+    with pytest.raises(DecodeError, match=r"box 0 \[10.0, 10.0, 4.0, 12.0\] \(XYXY\) has a negative width"):
+        decode_boxes({"boxes": [[10, 10, 4, 12]], "labels": [0]}, "XYXY", (40, 48), 3)
+    edge = decode_boxes({"boxes": [[-0.5, 0, 48.5, 40.6]], "labels": [0]}, "XYXY", (40, 48), 3)
+    assert edge["boxes"].shape == (1, 4)  # within 1 px of the edge: a float exporter's rounding, kept
+
+
+def test_a_target_with_more_labels_than_boxes_never_reaches_the_model():
+    target = decode_boxes({"boxes": [[0, 0, 4, 4], [4, 4, 8, 8]], "labels": [0, 1]}, "XYXY", (8, 8), 3)
+    target["boxes"] = tv_tensors.wrap(target["boxes"][:1], like=target["boxes"])  # labels left as they were
+    image = tv_tensors.Image(torch.zeros(3, 8, 8, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="holds 1 boxes but 2 labels"):
+        DetectionCollate()([{"image": image, "objects": target}])

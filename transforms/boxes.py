@@ -48,6 +48,8 @@ def decode_boxes(value, box_format: str, canvas: tuple[int, int], classes: int) 
     xyxy = F.convert_bounding_box_format(
         torch.from_numpy(boxes), old_format=_FORMATS[box_format], new_format=tv_tensors.BoundingBoxFormat.XYXY
     )
+    if count:
+        _check_on_canvas(xyxy, box_format, boxes, canvas)
     target = {
         "boxes": tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=tuple(canvas)),
         "labels": torch.from_numpy(labels),
@@ -61,6 +63,25 @@ def decode_boxes(value, box_format: str, canvas: tuple[int, int], classes: int) 
     if value.get("masks") is not None:
         target["masks"] = tv_tensors.Mask(_instance_masks(value["masks"], count, canvas))
     return target
+
+
+def _check_on_canvas(xyxy: torch.Tensor, box_format: str, given: np.ndarray, canvas: tuple[int, int]) -> None:
+    """Every box has a width and a height that are not negative, and lies on its image, within 1 px: a box
+    beyond it means the annotations were made on another size of the image (a resized copy, or a photo an EXIF
+    tag turns), and training on it would teach the wrong place."""
+    height, width = canvas
+    negative = (xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1])
+    if bool(negative.any()):
+        k = int(negative.nonzero()[0, 0])
+        raise DecodeError(f"box {k} {given[k].tolist()} ({box_format}) has a negative width or height")
+    beyond = (xyxy[:, :2] < -1).any(1) | (xyxy[:, 2] > width + 1) | (xyxy[:, 3] > height + 1)
+    if bool(beyond.any()):
+        k = int(beyond.nonzero()[0, 0])
+        raise DecodeError(
+            f"box {k} {given[k].tolist()} ({box_format}) lies beyond the {width}x{height} image: the boxes were "
+            "drawn on another size of this image (a resized copy, or a photo turned by its EXIF orientation "
+            "tag), or the box is wrong"
+        )
 
 
 def _per_box(values, name: str, count: int, dtype) -> np.ndarray:
@@ -156,11 +177,17 @@ def check_box_stack(transforms, where: str = "transforms.train") -> None:
     else a box of zero width reaches the model, and torchvision's detection models stop the run far from the
     stack that made it. Refused by name, with the fix."""
     steps = list(_steps(transforms))
-    cutting = [type(t).__name__ for t in steps if isinstance(t, _CUTTING)]
-    if cutting and not any(isinstance(t, v2.SanitizeBoundingBoxes) for t in steps):
+    cutting = [k for k, t in enumerate(steps) if isinstance(t, _CUTTING)]
+    if not cutting:
+        return
+    after = steps[
+        cutting[-1] + 1 :
+    ]  # a sanitize must follow the last such transform, and drop the labels too
+    if not any(isinstance(t, v2.SanitizeBoundingBoxes) and t.labels_getter is not None for t in after):
         raise ValueError(
-            f"{where} moves boxes through {cutting[0]}, which can leave a box a sliver or outside the image, and "
-            "never drops those: end the stack with feedline.transforms.SanitizeBoxes, or use transforms=detection"
+            f"{where} moves boxes through {type(steps[cutting[-1]]).__name__}, which can leave a box a sliver or "
+            "outside the image, and no sanitize after it drops those with their labels: end the stack with "
+            "feedline.transforms.SanitizeBoxes, or use transforms=detection"
         )
 
 

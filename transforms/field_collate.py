@@ -130,6 +130,13 @@ def plain_target(target: dict) -> dict:
             return tv_tensors.wrap(v.as_subclass(torch.Tensor).contiguous(), like=v)
         return v.contiguous() if isinstance(v, torch.Tensor) else v
 
+    boxes = len(target["boxes"])
+    for key in ("labels", "iscrowd", "area", "masks"):
+        if key in target and len(target[key]) != boxes:  # the model would pair each box with another's label
+            raise RuntimeError(
+                f"a detection target holds {boxes} boxes but {len(target[key])} {key}: a transform dropped boxes "
+                f"and not their {key}; drop degenerate boxes with feedline.transforms.SanitizeBoxes, which drops both"
+            )
     return {k: plain(v) for k, v in target.items()}
 
 
