@@ -357,3 +357,35 @@ def test_the_whole_source_contract_holds(tmp_path):
     from feedline.testing import check_source
 
     check_source(_source(tmp_path, _coco(tmp_path, 16), val_fraction=0.25, test_fraction=0.125))
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda d: d["annotations"][0].update(iscrowd="0"), "iscrowd '0' is not 0, 1, true or false"),
+        (lambda d: d["annotations"][0].update(iscrowd="no"), "iscrowd 'no' is not 0, 1, true or false"),
+        (lambda d: d["annotations"][1].update(id=d["annotations"][0]["id"]), "1 ids given twice"),
+        (lambda d: d["annotations"][0].update(id="abc"), "id 'abc' is not an integer"),
+        (lambda d: d["annotations"][0].update(id=1.5), "id 1.5 is not an integer"),
+        (lambda d: d["annotations"][0].update(id=2**70), f"id {2**70} is beyond int64"),
+        (lambda d: d["images"][0].update(id=2**70), f"id {2**70} is beyond int64"),
+    ],
+)
+def test_an_iscrowd_or_annotation_id_coco_does_not_allow_is_named(tmp_path, edit, said):
+    doc = _coco(tmp_path)
+    edit(doc)
+    with pytest.raises(ValueError) as err:  # a CocoError naming the file, not a bare OverflowError
+        _source(tmp_path, doc).prepare()
+    message = str(err.value)
+    assert "train.json: " in message and "problem(s)" in message and said in message, message
+
+
+def test_iscrowd_as_a_boolean_and_an_annotation_id_past_2_53_are_kept(tmp_path):
+    from feedline.datasets.coco import annotations as coco_json
+
+    doc = _coco(tmp_path)
+    doc["annotations"][0].update(iscrowd=False, id=2**60 + 1)
+    doc["annotations"][1].update(iscrowd=True)
+    arrays, found = coco_json.build(doc, "train.json", str(tmp_path / "images"), LABEL, False, "keep", False)
+    assert 2**60 + 1 in arrays["annotation_id"].tolist()  # every digit: not through a float64 table
+    assert found["crowd_excluded"] == 2  # the file's own crowd box and the one marked true

@@ -24,11 +24,27 @@ import numpy as np
 from feedline.datasets.coco.problems import SHOWN, SLACK, CocoError, Problems
 from feedline.datasets.manifest.columns import pack
 
+INT64 = 2**63  # ids are kept in int64 arrays: one at or past this bound is named, not wrapped or rounded
+
 
 def _int(value) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return int(value) if float(value).is_integer() else None
+
+
+def _too_big(value: int) -> bool:
+    return not -INT64 <= value < INT64
+
+
+def _crowd(value) -> int | None:
+    """COCO's iscrowd as 0 or 1: the integers 0 and 1, or a JSON boolean; anything else (the string "0", "no",
+    2) is None, named as a problem rather than read as truthy."""
+    if isinstance(value, bool):
+        return int(value)
+    return value if isinstance(value, int) and value in (0, 1) else None
 
 
 def categories(doc: dict, path: str) -> list[tuple[int, str]]:
@@ -80,6 +96,10 @@ def _images(doc: dict, root: str, problems: Problems) -> tuple[list, dict, set]:
         iid, w, h = _int(image["id"]), _int(image["width"]), _int(image["height"])
         if iid is None:
             problems.add("json", where, f"id {image['id']!r} is not an integer")
+            continue
+        if _too_big(iid):
+            problems.add("json", where, f"id {iid} is beyond int64 (-2**63..2**63-1)")
+            refused.add(iid)
             continue
         if w is None or h is None or w <= 0 or h <= 0:
             problems.add("json", f"image id {iid}", f"width/height {image['width']!r} x {image['height']!r}")
@@ -144,13 +164,28 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
     COCO category id -> contiguous label (the train file's, for val and test)."""
     problems = Problems(path)
     images, position, refused = _images(doc, root, problems)
-    owner, rows, segs = [], [], []  # per annotation kept: its image's position; its numbers; its segmentation
-    excluded = 0
+    # per annotation kept: its image's position; its numbers; its segmentation; its id (int64, apart from the
+    # float64 numbers, so that an id past 2**53 keeps every digit)
+    owner, rows, segs, annotation_ids = [], [], [], []
+    excluded, seen = 0, {}  # annotation id -> its position in the file
     for k, ann in enumerate(doc["annotations"]):
         if not isinstance(ann, dict):
             problems.add("json", f"annotations[{k}]", f"{ann!r:.60} is not an object")
             continue
         where = f"annotation id {ann['id']}" if "id" in ann else f"annotations[{k}]"
+        aid = -1  # an annotation without an id keeps -1
+        if "id" in ann:
+            aid = _int(ann["id"])
+            if aid is None:
+                problems.add("json", f"annotations[{k}]", f"id {ann['id']!r:.40} is not an integer")
+                continue
+            if _too_big(aid):
+                problems.add("json", f"annotations[{k}]", f"id {aid} is beyond int64 (-2**63..2**63-1)")
+                continue
+            if aid in seen:
+                problems.add("duplicate", where, f"given to annotations[{seen[aid]}] and annotations[{k}]")
+                continue
+            seen[aid] = k
         missing = [
             key
             for key in ("image_id", "category_id", "bbox") + (("segmentation",) if masks else ())
@@ -191,12 +226,15 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
                 f"bbox {box} spans x {x:g}..{x + bw:g}, y {y:g}..{y + bh:g} of a {w} x {h} image",
             )
             continue
+        is_crowd = _crowd(ann.get("iscrowd", 0))
+        if is_crowd is None:
+            problems.add("json", where, f"iscrowd {ann['iscrowd']!r:.40} is not 0, 1, true or false")
+            continue
         if masks:
             seg, why = _segmentation(ann["segmentation"], h, w)
             if why:
                 problems.add("segmentation", where, why)
                 continue
-        is_crowd = bool(ann.get("iscrowd", 0))
         if is_crowd and not crowd:
             excluded += 1
             continue
@@ -204,16 +242,16 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
         x1, y1 = min(max(x + bw, 0.0), w), min(max(y + bh, 0.0), h)
         area = ann.get("area")
         area = float(area) if isinstance(area, (int, float)) and math.isfinite(area) else bw * bh
-        aid = _int(ann.get("id"))
         owner.append(position[iid])
-        rows.append((x0, y0, x1, y1, label_of[cid], is_crowd, area, -1 if aid is None else aid))
+        rows.append((x0, y0, x1, y1, label_of[cid], is_crowd, area))
+        annotation_ids.append(aid)
         if masks:
             segs.append(json.dumps(seg, separators=(",", ":")))
     problems.raise_any()
-    return _pack(images, owner, rows, segs, empty, masks, excluded, path)
+    return _pack(images, owner, rows, segs, annotation_ids, empty, masks, excluded, path)
 
 
-def _pack(images, owner, rows, segs, empty, masks, excluded, path) -> tuple[dict, dict]:
+def _pack(images, owner, rows, segs, annotation_ids, empty, masks, excluded, path) -> tuple[dict, dict]:
     ids = np.array([i[0] for i in images], dtype=np.int64)
     order = np.argsort(ids, kind="stable")  # images by id; new position of each old one:
     rank = np.empty_like(order)
@@ -228,7 +266,7 @@ def _pack(images, owner, rows, segs, empty, masks, excluded, path) -> tuple[dict
             + ")"
         )
     by_image = np.argsort(owner, kind="stable")  # annotations grouped by image, the file's order within one
-    table = np.array(rows, dtype=np.float64).reshape(-1, 8)[by_image]
+    table = np.array(rows, dtype=np.float64).reshape(-1, 7)[by_image]
     per_image = counts if empty == "keep" else counts[counts > 0]
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum(per_image, out=offsets[1:])
@@ -244,7 +282,7 @@ def _pack(images, owner, rows, segs, empty, masks, excluded, path) -> tuple[dict
         "labels": table[:, 4].astype(np.int64),
         "iscrowd": table[:, 5].astype(np.uint8),
         "area": table[:, 6].astype(np.float32),
-        "annotation_id": table[:, 7].astype(np.int64),
+        "annotation_id": np.array(annotation_ids, dtype=np.int64).reshape(-1)[by_image],
     }
     if masks:
         arrays["segmentation.text"], arrays["segmentation.offsets"] = pack(segs[j] for j in by_image)

@@ -35,7 +35,7 @@ from feedline.datasets.coco.problems import CocoError, load_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: iscrowd, duplicate and int64-overflowing ids are checked (an index of 1 may hold them)
 ARRAYS = (
     "paths.text",
     "paths.offsets",

@@ -12,7 +12,7 @@ SLACK = 1.0  # pixels a box may pass its image's edge (rounding in exporters): c
 FIXES = {
     "json": ("entries that are not what COCO holds", "fix the entry (see cocodataset.org/#format-data)"),
     "key": ("missing keys", "add the key to the entry, or drop the entry"),
-    "duplicate": ("ids given twice", "give each image and category its own id"),
+    "duplicate": ("ids given twice", "give each image, category and annotation its own id"),
     "file": (
         "images with no file",
         "put the file under source.images, fix the image's file_name, or point source.images at the folder",
@@ -41,7 +41,9 @@ FIXES = {
 class CocoError(ValueError):
     """An annotation file that cannot be trained on as it is (every problem found, by kind)."""
 
-    names_its_input = True  # its message names the file, the ids and the fix: the command line prints it alone
+    names_its_input = (
+        True  # its message names the file, the ids and the fix: the command line prints it alone
+    )
 
 
 class Problems:
