@@ -159,3 +159,39 @@ def test_a_detection_batch_from_the_tars_holds_xyxy_boxes_that_followed_the_flip
     assert images.shape == (3, 3, 16, 16)
     boxes = {t["image_id"]: t["boxes"].tolist() for t in targets}  # XYWH [1, 2, 4, 5] is XYXY [1, 2, 5, 7]
     assert boxes == {0: [[11, 2, 15, 7], [8, 0, 16, 8]], 1: [], 42: [[11, 2, 14, 5]]}
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({"iscrowd": [-1]}, "iscrowd lists -1: 0 or 1"),
+        ({"iscrowd": [300]}, "iscrowd lists 300: 0 or 1"),
+        ({"iscrowd": ["x"]}, "iscrowd lists 'x': 0 or 1"),
+        ({"area": ["big"]}, "area lists 'big': a finite number"),
+        ({"image_id": "x7"}, "image_id 'x7' is not an integer"),
+        ({"image_id": 7.5}, "image_id 7.5 is not an integer"),
+    ],
+)
+def test_a_bad_iscrowd_area_or_image_id_is_bad_input_naming_the_tar_and_the_key(tmp_path, bad, said):
+    objects = [
+        {"boxes": [[1, 2, 4, 5]], "labels": ["car"], **bad},
+        {"boxes": [], "labels": [], "image_id": 7.0},
+    ]
+    objects.append({"boxes": [], "labels": [], "image_id": "77"})
+    write_tar(
+        tmp_path / "d.tar",
+        {
+            f"d{k}": {"jpg": image_bytes(".jpg", size=(16, 16), seed=k), "json": json.dumps(o).encode()}
+            for k, o in enumerate(objects)
+        },
+    )
+    fields = {
+        "image": {"kind": "image", "column": "jpg"},
+        "objects": {"kind": "boxes", "column": "json", "classes": ["car"]},
+    }
+    source = WdsSource(str(tmp_path / "d.tar"), fields=fields, val_fraction=0.0, cache_dir=tmp_path / "c")
+    records = source.split("train")
+    with pytest.raises(BadInput, match="d.tar") as err:  # BadInput: on_bad_sample applies
+        _ = records[0]
+    assert said in str(err.value), str(err.value)
+    assert records[1]["objects"]["image_id"] == 7 and records[2]["objects"]["image_id"] == 77  # not the row

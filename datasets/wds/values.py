@@ -154,12 +154,40 @@ def _boxes(document: dict, field, lookup: Lookup, row: int) -> dict:
     out = {
         "boxes": boxes,
         "labels": np.asarray([lookup(_name(v), field.name) for v in document["labels"]], dtype=np.int64),
-        "image_id": int(document["image_id"]) if isinstance(document.get("image_id"), int) else int(row),
+        "image_id": _image_id(document["image_id"]) if document.get("image_id") is not None else int(row),
     }
-    for key, dtype in (("iscrowd", np.uint8), ("area", np.float32)):
+    for key, read, dtype in (("iscrowd", _crowd, np.uint8), ("area", _area, np.float32)):
         if key in document:
-            value = np.asarray(document[key], dtype=dtype).reshape(-1)
+            given = document[key] if isinstance(document[key], list) else [document[key]]
+            value = np.asarray([read(v) for v in given], dtype=dtype).reshape(-1)
             if len(value) != len(boxes):
                 raise BadInput(f"{key} lists {len(value)} values for {len(boxes)} boxes")
             out[key] = value
     return out
+
+
+def _image_id(value) -> int:
+    """A boxes document's image_id: an integer, an integral float (7.0) or a digit string ("77"), within int64;
+    anything else is refused, never replaced by the row."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None or not -(2**63) <= number < 2**63:
+        raise BadInput(f"image_id {value!r:.40} is not an integer (an int64, or a string of digits)")
+    return number
+
+
+def _crowd(value) -> int:
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
+        return int(value)
+    raise BadInput(f"iscrowd lists {value!r:.40}: 0 or 1 (or true/false) per box")
+
+
+def _area(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadInput(f"area lists {value!r:.40}: a finite number per box")
+    return float(value)
