@@ -304,3 +304,10 @@ def test_a_target_with_more_labels_than_boxes_never_reaches_the_model():
     image = tv_tensors.Image(torch.zeros(3, 8, 8, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="holds 1 boxes but 2 labels"):
         DetectionCollate()([{"image": image, "objects": target}])
+
+
+def test_sanitize_passes_a_sample_without_boxes_unchanged():
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    assert SanitizeBoxes()(image) is image
+    pair = SanitizeBoxes()(image, 3)
+    assert pair[0] is image and pair[1] == 3

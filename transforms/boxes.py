@@ -151,10 +151,19 @@ class SanitizeBoxes(v2.SanitizeBoundingBoxes):
     """torchvision's ``SanitizeBoundingBoxes`` on feedline's samples: boxes smaller than ``min_size`` pixels
     on a side, or with less than ``min_area``, or outside the image, are dropped with their labels, crowd
     flags, areas and instance masks, wherever the sample keeps its detection target (``{"image": ...,
-    "objects": {"boxes": ..., "labels": ...}}``). The last transform of ``transforms=detection``'s train stack."""
+    "objects": {"boxes": ..., "labels": ...}}``). The last transform of ``transforms=detection``'s train stack.
+    A sample without boxes passes unchanged."""
 
     def __init__(self, min_size: float = 1.0, min_area: float = 1.0):
         super().__init__(min_size=min_size, min_area=min_area, labels_getter=_per_box_values)
+
+    def forward(self, *inputs):
+        sample = inputs[0] if len(inputs) == 1 else inputs
+        if (
+            next(_targets(sample), None) is None
+        ):  # a sample without boxes (an image and a class): nothing to drop
+            return sample
+        return super().forward(*inputs)
 
 
 # transforms that can leave a box a sliver or outside the image: a stack moving boxes needs a sanitize after them
