@@ -238,3 +238,19 @@ def test_the_draw_of_a_mix_of_fields_never_reads_a_sample():
     order = records.epoch_order(seed=4, epoch=2)
     assert sorted(order.tolist()) == list(range(8)) and records.order_identity().startswith("mix of a 5, b 3")
     assert "b.label:1" in records.label_identity()  # a resume checks the remap too
+
+
+@pytest.mark.parametrize("label", [-1, 2])
+def test_a_box_label_or_classes_index_outside_the_parts_classes_is_bad_input_not_wrapped(label):
+    a = boxes_source(("car",), "XYXY", [0], [[1, 2, 5, 6]])
+    b = boxes_source(("truck", "car"), "XYXY", [label], [[1, 2, 4, 4]])  # -1 would wrap to 'truck'
+    records = MixSource({"a": {"source": a}, "b": {"source": b}}).split("train")
+    with pytest.raises(
+        BadInput, match=rf"part b, field 'objects': box labels \[{label}\] are not all in 0\.\.1"
+    ):
+        _ = records[1]
+    c = FieldSource(labelled(("cat", "dog"), ("x", "y"), ("bg", "road")), [ROW])
+    d = FieldSource(labelled(("dog", "eel"), ("y", "z"), ("bg", "car")), [{**ROW, "tags": np.array([label])}])
+    records = MixSource({"c": {"source": c}, "d": {"source": d}}).split("train")
+    with pytest.raises(BadInput, match=rf"part d, field 'tags': classes \[{label}\] are not all in 0\.\.1"):
+        _ = records[1]

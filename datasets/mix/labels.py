@@ -121,11 +121,11 @@ def remap(record: dict, maps: dict, part: str) -> dict:
             if kind == "class":
                 out[name] = int(index[_label(value)])
             elif kind == "classes":
-                out[name] = index[np.asarray(value, dtype=np.int64)]
+                out[name] = index[_indices(value, index, "classes")]
             elif kind == "boxes":
                 value = dict(value)
                 if index is not None:
-                    value["labels"] = index[np.asarray(value["labels"], dtype=np.int64)]
+                    value["labels"] = index[_indices(value["labels"], index, "box labels")]
                 if convert:
                     value["boxes"] = convert_boxes(value["boxes"], *convert)
                 out[name] = value
@@ -162,6 +162,19 @@ def _label(value) -> int:
     if label < 0:
         raise IndexError(label)
     return label
+
+
+def _indices(value, index: np.ndarray, what: str) -> np.ndarray:
+    """A part's class indices as int64, each checked to be one of the part's classes: numpy would read -1 as
+    the last merged class, a valid and wrong label."""
+    indices = np.asarray(value, dtype=np.int64).reshape(-1)
+    wrong = indices[(indices < 0) | (indices >= len(index))]
+    if len(wrong):
+        shown = ", ".join(map(str, wrong[:5].tolist()))
+        raise BadInput(
+            f"{what} [{shown}] are not all in 0..{len(index) - 1}, the part's {len(index)} classes"
+        )
+    return indices
 
 
 def _remap_mask(value, table: np.ndarray) -> np.ndarray:
