@@ -53,9 +53,9 @@ def drawn(n: int):
 
 
 class BoxRecords(Records):
-    def __init__(self, n: int, drop=(), paths=()):
+    def __init__(self, n: int, drop=(), paths=(), gone=("iscrowd",)):
         super().__init__()
-        self.n, self.drop, self.paths = n, set(drop), set(paths)
+        self.n, self.drop, self.paths, self.gone = n, set(drop), set(paths), gone
 
     @property
     def total(self) -> int:
@@ -74,8 +74,9 @@ class BoxRecords(Records):
             "image_id": 1000 + row,
             "masks": masks,
         }
-        if row in self.drop:
-            del objects["iscrowd"]
+        if row in self.drop:  # rows without the optional arrays ``gone``
+            for key in self.gone:
+                del objects[key]
         caption = __file__ if row in self.paths else f"photo {row} é"
         return {"image": png(image, "RGB"), "objects": objects, "caption": caption, "score": row / 4}
 
@@ -87,14 +88,14 @@ class BoxSource(Source):
     fields = FIELDS
     classes = list(CLASSES)
 
-    def __init__(self, n: int = 10, drop=(), paths=()):
-        self.n, self.drop, self.paths = n, drop, paths
+    def __init__(self, n: int = 10, drop=(), paths=(), gone=("iscrowd",)):
+        self.n, self.drop, self.paths, self.gone = n, drop, paths, gone
 
     def prepare(self) -> None:
         pass
 
     def split(self, name: str) -> BoxRecords:
-        return BoxRecords(self.n, self.drop, self.paths)
+        return BoxRecords(self.n, self.drop, self.paths, self.gone)
 
 
 class Pixels(PixelSource):
@@ -264,10 +265,10 @@ def test_a_target_without_classes_splits_a_seeded_share_of_every_sample(boxes_di
 
 
 def test_a_sample_litdata_would_store_otherwise_is_skipped_and_named(tmp_path):
-    summary = write(BoxSource(6, drop=(3,), paths=(5,)), tmp_path / "s", shuffle=False)
+    summary = write(BoxSource(6, drop=(3,), paths=(5,), gone=("masks",)), tmp_path / "s", shuffle=False)
     assert summary["images"] == 4 and summary["skipped"] == 2
     listed = (tmp_path / "s" / "skipped.tsv").read_text()
-    assert "boxes row 3\tfield 'objects' (boxes): it holds no 'iscrowd'" in listed  # not the first's arrays
+    assert "boxes row 3\tfield 'objects' (boxes): it holds no 'masks'" in listed  # no neutral value for masks
     assert "boxes row 5\tfield 'caption' (text): " in listed and "is the path of a file here" in listed
 
 
@@ -355,3 +356,23 @@ def test_images_and_labels_are_still_written_as_version_1_tuples(tmp_path):
     source = ShardsSource(tmp_path / "v1", val_fraction=0)
     image, label = source.split("train")[0]
     assert source.fields is None and image.dtype == np.uint8 and label in (0, 1)
+
+
+def test_a_missing_optional_box_array_is_filled_with_its_neutral_value_not_skipped(tmp_path):
+    gone = ("iscrowd", "area", "image_id")
+    summary = write(BoxSource(6, drop=(2, 3), gone=gone), tmp_path / "s", shuffle=False)
+    assert summary["images"] == 6 and summary["skipped"] == 0
+    records = ShardsSource(tmp_path / "s", val_fraction=0).split("train")
+    by_row = {int(records[i]["caption"].split()[1]): records[i]["objects"] for i in range(len(records))}
+    for row in (2, 3):  # XYWH boxes: area is each box's width * height
+        _, boxes, _ = drawn(row)
+        got = by_row[row]
+        assert same(got["iscrowd"], np.zeros(len(boxes), np.uint8)) and got["image_id"] == -1
+        assert same(got["area"], boxes[:, 2] * boxes[:, 3]) and len(boxes), row
+    assert by_row[1]["image_id"] == 1001  # a sample holding them keeps its own
+    # the first sample lacks 'iscrowd': a later one holding it is skipped, named, and the first fixes the keys
+    summary = write(BoxSource(4, drop=(0,)), tmp_path / "t", shuffle=False)
+    assert summary["images"] == 1 and summary["skipped"] == 3
+    listed = (tmp_path / "t" / "skipped.tsv").read_text()
+    assert "boxes row 1\tfield 'objects' (boxes): it holds 'iscrowd'" in listed
+    assert "the first sample's keys (boxes, labels, area, image_id, masks) fix the structure" in listed

@@ -9,7 +9,9 @@
 
 A value its kind cannot hold is a BadInput naming the field: the sample is skipped and listed. A boxes field
 holds in every sample the optional arrays the first sample holds (``box_spec``): LitData fixes a sample's
-structure from the first one it writes, so a sample without one of them is skipped and listed, naming it.
+structure from the first one it writes, so a sample without one of them gets its neutral value (iscrowd 0 per
+box, area each box's own, image_id -1); one without instance masks (no neutral value) or with an array the
+first sample lacks is skipped and listed, naming it.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _stored(field, value, size, target, geometry, spec: dict):
         wrapped = tv_tensors.Mask(tensor) if kind == "mask" else tv_tensors.Image(tensor)
         return encode_png(torch.as_tensor(geometry(wrapped)).contiguous()).numpy().reshape(-1)
     if kind == "boxes":
-        return _boxes(value, count, size, target, geometry, spec)
+        return _boxes(value, count, size, target, geometry, spec, str(field.format or "XYXY").upper())
     if kind == "class":
         index = int(value)
         if not 0 <= index < count:
@@ -134,7 +136,21 @@ def _indices(value, count: int, what: str) -> np.ndarray:
     return indices
 
 
-def _boxes(value, count: int, size, target, geometry, spec: dict) -> dict:
+def _neutral(key: str, boxes: np.ndarray, fmt: str):
+    """What a sample without ``key`` stores in its place where the first sample holds it: iscrowd 0 per box,
+    area each box's own (from its coordinates, in the field's format, at the stored size), image_id -1."""
+    if key == "iscrowd":
+        return np.zeros(len(boxes), dtype=np.uint8)
+    if key == "area":
+        if fmt == "XYXY":
+            w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        else:  # XYWH, CXCYWH: width and height are the last two columns
+            w, h = boxes[:, 2], boxes[:, 3]
+        return np.ascontiguousarray(w * h, dtype=np.float32)
+    return -1  # image_id
+
+
+def _boxes(value, count: int, size, target, geometry, spec: dict, fmt: str = "XYXY") -> dict:
     if not isinstance(value, Mapping):
         raise TypeError(f"expected a dict of boxes and labels, got {type(value).__name__}")
     boxes = np.array(value["boxes"], dtype=np.float32)
@@ -151,17 +167,27 @@ def _boxes(value, count: int, size, target, geometry, spec: dict) -> dict:
     keys = list(spec["keys"])
     absent = [k for k in keys if value.get(k) is None]
     extra = [k for k in BOX_KEYS if value.get(k) is not None and k not in keys]
-    if absent or extra:
-        said = f"no {absent[0]!r}" if absent else f"{extra[0]!r}"
+    if "masks" in absent:
         raise ValueError(
-            f"it holds {said}, and the dataset's first sample {'does' if absent else 'does not'}: every sample of "
-            f"a shards dataset holds the same arrays (LitData fixes them from the first sample)"
+            "it holds no 'masks', and the dataset's first sample does: instance masks have no neutral value to "
+            "fill in, and every sample of a shards dataset holds the same arrays (LitData fixes them from the "
+            "first sample)"
+        )
+    if extra:
+        raise ValueError(
+            f"it holds {extra[0]!r}, and the dataset's first sample does not: the first sample's keys "
+            f"({', '.join(['boxes', 'labels', *keys])}) fix the structure of every sample of a shards dataset "
+            "(LitData fixes it from the first sample); give every sample the key, or none"
         )
     sy, sx = target[0] / size[0], target[1] / size[1]
     boxes[:, 0::2] *= sx  # x (and width) columns in every format; y (and height) below
     boxes[:, 1::2] *= sy
     out = {"boxes": boxes, "labels": labels}
+    for key in absent:  # an optional array the first sample holds: its neutral value, stored as it is
+        out[key] = _neutral(key, boxes, fmt)
     for key in keys:
+        if key in absent:
+            continue
         item = value[key]
         if key == "image_id":
             out[key] = int(item)
