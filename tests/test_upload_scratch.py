@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import uuid
+
+import pytest
 
 from feedline.datasets.folder.source import FolderSource
+from feedline.writers.lock import OutputBusyError
 from feedline.writers.options import WriteOptions
 from feedline.writers.shards import write as writer
-from feedline.writers.shards.scratch import lock_path
+from feedline.writers.shards.scratch import lock_path, locked
 from tests.helpers import simple_tree
 from tests.test_cache_trust import owned_by_another
 from tests.test_s3_shards import options, remote_source
@@ -63,3 +67,17 @@ def test_a_scratch_folder_made_first_under_the_conversions_name_is_never_used(
     assert (dead / "theirs.txt").read_text() == "kept"
     assert sorted(p.name for p in temp.iterdir() if p.is_dir()) == sorted([planted.name, dead.name])
     assert len(remote_source(s3_server, url, tmp_path).split("train")) == 9
+
+
+def test_a_second_conversion_to_the_same_url_is_refused_naming_the_url_not_the_scratch_path():
+    url = f"s3://bucket/taken-{uuid.uuid4().hex}"
+    with locked(url, True), pytest.raises(OutputBusyError) as err, locked(url, True):
+        pass
+    said = str(err.value)
+    assert (
+        f"another conversion is writing {url} (pid {os.getpid()}" in said
+        and f"out.path={url} is taken" in said
+    )
+    assert f"out.path={lock_path(url)}" not in said and f"{lock_path(url)}.lock" in said  # a detail only
+    with locked(url, True):  # released: the next one goes on
+        pass

@@ -17,13 +17,14 @@ import contextlib
 import glob
 import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
 
 from feedline.storage.cache_trust import mine
 from feedline.storage.stores import is_url
-from feedline.writers.lock import writer_lock
+from feedline.writers.lock import OutputBusyError, writer_lock
 
 
 @contextlib.contextmanager
@@ -72,8 +73,27 @@ def _alive(pid: str) -> bool:
 
 @contextlib.contextmanager
 def locked(target: str, lock: bool):
-    """One conversion at a time per output (on this machine, for a URL: a lock file under the temp dir)."""
-    if is_url(target):
-        target = lock_path(target)
-    with writer_lock(target, "conversion", "out.path") if lock else contextlib.nullcontext():
+    """One conversion at a time per output (on this machine, for a URL: a lock file under the temp dir). A
+    URL that is taken is refused naming the URL the user gave, the scratch lock only as a detail."""
+    url = target if is_url(target) else None
+    with contextlib.ExitStack() as stack:
+        if lock:
+            try:
+                stack.enter_context(writer_lock(lock_path(url) if url else target, "conversion", "out.path"))
+            except OutputBusyError as err:
+                if url is None:
+                    raise
+                raise OutputBusyError(_busy(url, str(err))) from None
         yield
+
+
+def _busy(url: str, said: str) -> str:
+    where = f"{lock_path(url)}.lock"
+    found = re.search(r"\((pid [^()]*|a process that has not written its name yet)\)", said)
+    if found is None:  # the lock file itself cannot be used (a symlink, another user's)
+        return f"out.path={url} cannot be locked on this machine: {said}"
+    return (
+        f"another conversion is writing {url} ({found.group(1)}): out.path={url} is taken until it finishes. "
+        f"Wait for it, or set out.path to another URL (its lock on this machine: {where}; the lock is per "
+        "machine, a conversion to the same URL from another machine is not seen)"
+    )
