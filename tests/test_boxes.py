@@ -311,3 +311,13 @@ def test_sanitize_passes_a_sample_without_boxes_unchanged():
     assert SanitizeBoxes()(image) is image
     pair = SanitizeBoxes()(image, 3)
     assert pair[0] is image and pair[1] == 3
+
+
+def test_hdf5_conversion_refuses_boxes_by_name_before_writing(tmp_path):
+    from feedline.writers.hdf5 import convert_source
+    from feedline.writers.options import HDF5WriteOptions
+
+    out = tmp_path / "out.h5"
+    with pytest.raises(ValueError, match=r"out.format=hdf5 does not store a boxes field \(objects\).*shards"):
+        convert_source(BoxSource(4), HDF5WriteOptions(path=str(out)))
+    assert not out.exists()

@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 def convert_source(source, options: HDF5WriteOptions, lock: bool = True) -> dict:
     """Prepare ``source`` and write every sample of it (``split("all")``, its val share included) to
     ``options.path``. ``lock``: take the output's writer lock first (False: the caller holds it)."""
+    boxes = fields_of(source).of_kind("boxes")
+    if boxes:  # before the output is taken: nothing half-written
+        raise ValueError(
+            f"out.format=hdf5 does not store a boxes field ({boxes[0].name}): convert with out.format=shards, "
+            "which stores boxes, labels and instance masks per sample"
+        )
     with _writing(options, lock, source) as out_path:
         source.prepare()
         fields = fields_of(source)
