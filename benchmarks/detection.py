@@ -24,8 +24,9 @@ batches the process tree's CPU time and the wall time are taken over ``--batches
 medians over ``--rounds`` with the min-max, and CPU per sample against the anchor's. Targets: feedline's
 CPU per sample at 0.5x the anchor's or less; at or below LitData's.
 
-Worker memory: the anchor and feedline's coco source each load the small and the large JSON, read two batches,
-and report each worker's unique memory (USS); feedline's must not grow with the annotation count.
+Worker memory: the anchor and feedline's coco source each load the small and the large JSON, with forked and
+with spawned workers, read two batches, and report each worker's unique memory (USS); feedline's must not grow
+with the annotation count.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def pairs(batch):
 
 
 # -- rows: each build(data, args) -> an iterable of batches, images first -------------------------------------
-def anchor_loader(data, args, annotations: str | None = None):
+def anchor_loader(data, args, annotations: str | None = None, context: str | None = None):
     from torch.utils.data import DataLoader
     from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
     from torchvision.transforms import v2
@@ -87,10 +88,11 @@ def anchor_loader(data, args, annotations: str | None = None):
         num_workers=args.workers,
         collate_fn=pairs,
         persistent_workers=args.workers > 0,
+        multiprocessing_context=context if args.workers else None,
     )
 
 
-def feedline_loaders(source, args):
+def feedline_loaders(source, args, context: str | None = None):
     import torch
     from torchvision.transforms import v2
 
@@ -99,15 +101,20 @@ def feedline_loaders(source, args):
 
     stacks = TransformStacks(train=train_stack(True), batch=[v2.ToDtype(torch.float32, scale=True)])
     return ImageLoaders(
-        source, stacks, DetectionCollate(), batch_size=args.batch_size, num_workers=args.workers
+        source,
+        stacks,
+        DetectionCollate(),
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        multiprocessing_context=context if args.workers else None,
     )
 
 
-def feedline_coco(data, args, annotations: str | None = None):
+def feedline_coco(data, args, annotations: str | None = None, context: str | None = None):
     from feedline.datasets.coco.source import CocoSource
 
     source = CocoSource(annotations or data["json"], data["images"], val_fraction=0, cache_dir=data["cache"])
-    return feedline_loaders(source, args).train_dataloader()
+    return feedline_loaders(source, args, context).train_dataloader()
 
 
 def feedline_shards(data, args):
@@ -155,24 +162,29 @@ LOADERS = {
 MEMORY = {ANCHOR: anchor_loader, OURS: feedline_coco}
 
 
+CONTEXTS = ("fork", "spawn")  # Linux's default start method, and macOS's, Windows' and many launchers'
+
+
 def worker_memory(name: str, args) -> dict:
-    """In this (fresh) process: loader ``name`` on the small and on the large JSON, two batches each, and
-    each worker's unique memory (USS, MB) then: the median over workers."""
+    """In this (fresh) process: loader ``name`` on the small and on the large JSON, with workers started by each
+    of ``CONTEXTS``, two batches each, and each worker's unique memory (USS, MB) then: the median over workers.
+    A forked worker shares its parent's pages until it writes them; a spawned one unpickles its own dataset."""
     import statistics
 
     import psutil
 
     data = json.loads(args.data)
     out = {}
-    for which in ("json", "large"):
-        loader = MEMORY[name](data, args, data[which])
-        batches = iter(loader)
-        for _ in range(2):
-            next(batches)
-        workers = psutil.Process().children(recursive=True)
-        uss = [w.memory_full_info().uss / 2**20 for w in workers if w.is_running()]
-        out[which] = statistics.median(uss) if uss else None
-        del batches, loader
+    for context in CONTEXTS:
+        for which in ("json", "large"):
+            loader = MEMORY[name](data, args, data[which], context)
+            batches = iter(loader)
+            for _ in range(2):
+                next(batches)
+            workers = psutil.Process().children(recursive=True)
+            uss = [w.memory_full_info().uss / 2**20 for w in workers if w.is_running()]
+            out[f"{context} {which}"] = statistics.median(uss) if uss else None
+            del batches, loader
     return out
 
 
@@ -291,19 +303,22 @@ def main(argv=None) -> dict:
     lines, met = verdict(rows)
     if memory:
         print(
-            f"\n| worker memory (USS, MB, median over workers) | small JSON | {args.annotations:,} boxes | growth |"
+            f"\n| worker memory (USS, MB, median over workers) | workers | small JSON | {args.annotations:,} boxes "
+            "| growth |"
         )
-        print("|---|---:|---:|---:|")
+        print("|---|---|---:|---:|---:|")
         for name, found in memory.items():
-            small, large = found["json"], found["large"]
-            print(f"| {name} | {small:.0f} | {large:.0f} | {large - small:+.0f} |")
-        grows = {n: m["large"] - m["json"] for n, m in memory.items()}
-        ours = grows[OURS] < max(8.0, 0.1 * grows[ANCHOR])
-        met["feedline worker memory flat"] = ours
-        lines.append(
-            f"worker memory growth with {args.annotations:,} boxes: feedline {grows[OURS]:+.0f} MB, anchor "
-            f"{grows[ANCHOR]:+.0f} MB: flat: {'yes' if ours else 'no'}"
-        )
+            for context in CONTEXTS:
+                small, large = found[f"{context} json"], found[f"{context} large"]
+                print(f"| {name} | {context} | {small:.0f} | {large:.0f} | {large - small:+.0f} |")
+        for context in CONTEXTS:
+            grows = {n: m[f"{context} large"] - m[f"{context} json"] for n, m in memory.items()}
+            flat = grows[OURS] < 8.0  # MB: the allocator's and page cache's noise, not the annotations
+            met[f"feedline worker memory flat ({context})"] = flat
+            lines.append(
+                f"worker memory growth with {args.annotations:,} boxes, {context}ed workers: feedline "
+                f"{grows[OURS]:+.0f} MB, anchor {grows[ANCHOR]:+.0f} MB: feedline flat: {'yes' if flat else 'no'}"
+            )
     print()
     for line in lines:
         print(line)

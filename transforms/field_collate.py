@@ -109,7 +109,7 @@ def collate_fields(samples, layout: SampleLayout, padding=None, image_into=None)
         elif kind in ("classes", "vector"):
             out[name] = stack(name, [torch.as_tensor(v, dtype=torch.float32) for v in values])
         elif kind == "boxes":
-            out[name] = [plain_target(v) for v in values]
+            out[name] = pack_targets([plain_target(v) for v in values])
         else:  # text, json
             out[name] = list(values)
     for extra in ("part",):  # what SampleDataset adds to a mix's val and test samples
@@ -138,6 +138,38 @@ def plain_target(target: dict) -> dict:
                 f"and not their {key}; drop degenerate boxes with feedline.transforms.SanitizeBoxes, which drops both"
             )
     return {k: plain(v) for k, v in target.items()}
+
+
+_PACKED = ("boxes", "labels", "iscrowd", "area")  # the per-box tensors a batch's targets share segments for
+
+
+def pack_targets(targets: list[dict]) -> list[dict]:
+    """A batch's detection targets with each per-box key's tensors in one segment (shared memory inside a
+    worker), every target holding a view of its rows: the batch crosses to the main process as a few segments,
+    not four per image. The targets are otherwise as they were (``BoundingBoxes`` keep their metadata)."""
+    from torchvision import tv_tensors
+
+    out = [dict(t) for t in targets]
+    for key in _PACKED:
+        values = [t.get(key) for t in targets]
+        if any(v is None for v in values):
+            continue
+        first = values[0]
+        if any(v.shape[1:] != first.shape[1:] or v.dtype != first.dtype for v in values):
+            continue
+        total = sum(len(v) for v in values)
+        if not total:
+            continue
+        buffer = empty((total, *first.shape[1:]), first.dtype)
+        start = 0
+        for target, value in zip(out, values):
+            rows = buffer[start : start + len(value)]
+            rows.copy_(value.as_subclass(torch.Tensor))
+            target[key] = (
+                tv_tensors.wrap(rows, like=value) if isinstance(value, tv_tensors.TVTensor) else rows
+            )
+            start += len(value)
+    return out
 
 
 def infer_layout(sample: dict) -> SampleLayout:
