@@ -77,7 +77,9 @@ def ensure_coco(data_dir: str, images: int, annotations: int) -> dict:
     boxes over the same images}."""
     folder, names = _tree_images(data_dir, images)
     small = _write_json(os.path.join(data_dir, f"coco-{images}.json"), instances(folder, names, (1, 8), 0))
-    per = max(1, -(-annotations // (images - images // 10)))  # nine images in ten hold boxes: at least that many
+    per = max(
+        1, -(-annotations // (images - images // 10))
+    )  # nine images in ten hold boxes: at least that many
     large_path = os.path.join(data_dir, f"coco-{images}-{annotations}.json")
     large = _write_json(large_path, instances(folder, names, (per, per), 1)) if annotations else None
     return {"images": folder, "json": small, "large": large}

@@ -324,7 +324,9 @@ def test_hdf5_conversion_refuses_boxes_by_name_before_writing(tmp_path):
 
 
 def test_a_batchs_targets_share_one_segment_per_key_and_keep_their_values():
-    batch = next(iter(loaders(BoxSource(8), train=[v2.RandomHorizontalFlip()], num_workers=2).train_dataloader()))
+    batch = next(
+        iter(loaders(BoxSource(8), train=[v2.RandomHorizontalFlip()], num_workers=2).train_dataloader())
+    )
     with_boxes = [t for t in batch.objects if len(t["boxes"])]
     assert len(with_boxes) >= 2
     for key in ("boxes", "labels", "iscrowd"):
@@ -332,5 +334,7 @@ def test_a_batchs_targets_share_one_segment_per_key_and_keep_their_values():
         assert len(storages) == 1, key  # one segment crossed from the worker, each target a view of its rows
     for image, target in zip(batch.image, batch.objects):
         n = int(image[0, 0, 0])
-        assert isinstance(target["boxes"], tv_tensors.BoundingBoxes) and len(target["boxes"]) == len(drawn(n)[2])
+        assert isinstance(target["boxes"], tv_tensors.BoundingBoxes) and len(target["boxes"]) == len(
+            drawn(n)[2]
+        )
         assert unframed(image, target) == [] and target["labels"].tolist() == drawn(n)[2].tolist()

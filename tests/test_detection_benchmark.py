@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 from torchvision import tv_tensors
@@ -19,8 +20,8 @@ def test_detection_benchmark_measures_each_row_on_the_same_samples(tmp_path):
         images=10, annotations=200, data_dir=str(tmp_path), batch_size=2, workers=0, batches=1
     )
     data = detection.prepare(args, list(detection.LOADERS))
-    coco = json.loads(open(data["json"]).read())
-    large = json.loads(open(data["large"]).read())
+    coco = json.loads(Path(data["json"]).read_text())
+    large = json.loads(Path(data["large"]).read_text())
     assert len(coco["images"]) == 10 and len(large["annotations"]) >= 200
     assert (
         sum(1 for i in coco["images"] if not any(a["image_id"] == i["id"] for a in coco["annotations"])) == 1
