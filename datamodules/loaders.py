@@ -219,6 +219,10 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         for declared in ahead:  # data.stages: every split the run will use, at the first setup()
             self.setup(declared)
         self._bind_mix()
+        if callable(
+            getattr(self.collate, "check_fields", None)
+        ):  # a collate for one kind (detection): before any batch
+            self.collate.check_fields(self.fields)
         if not self.fields.is_classification:
             check_classes(self.source, self.fields)
             if hasattr(self.collate, "bind"):

@@ -11,7 +11,12 @@ import pytest
 from feedline.train import train
 from tests.conftest import FAST
 
-COLLATES = sorted(p.stem for p in (__import__("tests.conftest").conftest.CONF / "collate").glob("*.yaml"))
+# every collate but detection, which takes samples with boxes (tests/test_boxes.py) and refuses these by name
+COLLATES = sorted(
+    p.stem
+    for p in (__import__("tests.conftest").conftest.CONF / "collate").glob("*.yaml")
+    if p.stem != "detection"
+)
 
 
 @pytest.mark.parametrize("collate", COLLATES)
@@ -23,6 +28,14 @@ def test_fast_dev_run_on_a_generated_tree(make_cfg, tree, collate):
     # the choices made, and no optional group that was not loaded (experiment_source@source: "None/folder")
     assert summary["choices"]["source"] == "folder" and summary["choices"]["collate"] == collate
     assert "experiment_source@source" not in summary["choices"]
+
+
+def test_collate_detection_refuses_a_source_without_boxes_by_name(make_cfg, tree):
+    cfg = make_cfg(*FAST, "source=folder", f"source.root={tree}", "collate=detection", "transforms=digits")
+    with pytest.raises(
+        TypeError, match="collate=detection stacks samples with a boxes field.*collate=default"
+    ):
+        train(cfg)
 
 
 def test_fast_dev_run_with_workers(make_cfg, tree):

@@ -31,6 +31,14 @@ class DetectionCollate(Collate):
             raise ValueError(f"collate.boxes={boxes!r} is not one of: {', '.join(_MODES)}")
         self.boxes = boxes
 
+    def check_fields(self, fields) -> None:
+        """Refuse, before any batch, samples that hold no boxes field (``fields``: the source's)."""
+        if not fields.of_kind("boxes"):
+            raise TypeError(
+                f"collate=detection stacks samples with a boxes field (source=coco, or a source whose source.fields "
+                f"declares kind: boxes); these hold {fields.describe()}: use collate=default"
+            )
+
     def __call__(self, samples) -> Batch:
         if not isinstance(samples[0], dict):
             raise TypeError(
