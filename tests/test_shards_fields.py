@@ -5,7 +5,6 @@ source.fields), boxes (none included) and masks moved with their image by out.ma
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 
@@ -313,18 +312,40 @@ def test_a_sidecar_whose_fields_are_not_the_chunks_is_refused(boxes_dir, tmp_pat
 
 
 def test_a_url_reads_fields_through_the_chunk_cache(s3_server, boxes_dir, tmp_path):
+    """A fields dataset in S3 takes the chunk cache as any shards do: read within its bound, on a fresh cache
+    too (a resume on another node), and a chunk replaced after the run listed it is refused, never read."""
+    from feedline.datasets.shards.meta import ChunkError
     from tests.test_s3_shards import options
 
     url = s3_server.new_prefix() + "/boxes"
     write(BoxSource(10), url, storage_options=options(s3_server))
-    remote = ShardsSource(
-        url, val_fraction=0, storage_options=options(s3_server), window=1, cache_dir=tmp_path / "cache"
-    )
-    assert remote.fields == FIELDS
     local = ShardsSource(boxes_dir, val_fraction=0).split("train")
-    records = remote.split("train")
-    assert all(same(records[i], local[i]) for i in range(10))  # the same seeded order, the same bytes
-    assert os.listdir(tmp_path / "cache" / "chunks")
+    limit = 2 * max(p.stat().st_size for p in boxes_dir.glob("*.bin")) + 1024  # two chunks' room, not three
+
+    def remote(cache: str):
+        return ShardsSource(
+            url, val_fraction=0, storage_options=options(s3_server), window=1, cache_dir=tmp_path / cache,
+            cache_limit=limit,
+        )  # fmt: skip
+
+    source = remote("cache")
+    assert source.fields == FIELDS
+    records = source.split("train")
+    assert len(records.chunks.files) >= 3
+    for i in range(10):  # the same seeded order, the same bytes, within the cache's bound
+        assert same(records[i], local[i])
+        assert records.chunks.cache.usage() <= limit
+    fresh = remote("fresh").split("train")  # an empty cache (a resume elsewhere): fetched again, the same
+    assert all(same(fresh[i], local[i]) for i in (9, 0, 5))
+    pinned = remote("pinned").split("train")  # lists the chunks (their ETags) before one is replaced
+    last = pinned.chunks.files[-1]
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    client = s3_server.client()
+    body = client.get_object(Bucket=bucket, Key=f"{prefix}/{last}")["Body"].read()
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{last}", Body=body[:-1] + bytes([body[-1] ^ 0xFF]))
+    row = next(i for i in range(10) if pinned.chunks.locate(i)[0] == len(pinned.chunks.files) - 1)
+    with pytest.raises(ChunkError, match=r"was replaced"):
+        pinned.chunks.read_sample(row)
 
 
 def test_batches_of_every_kind_come_from_shards_through_workers(pixels_dir):
