@@ -177,6 +177,10 @@ def test_a_segmentation_that_does_not_read_is_named_when_masks_are_asked_for(tmp
         (lambda d: d["annotations"][0].update(image_id=12345), "image_id 12345"),
         (lambda d: d["annotations"][0].pop("bbox"), "no 'bbox'"),
         (lambda d: d["images"][0].pop("width"), "no 'width'"),
+        (lambda d: d["annotations"][0].update(area=-4.0), "area -4.0 is not a number of pixels"),
+        (lambda d: d["annotations"][0].update(area="big"), "area 'big' is not a number of pixels"),
+        (lambda d: d["images"][0].update(file_name="../escape.png"), "'../escape.png' leaves source.images"),
+        (lambda d: d["images"][0].update(file_name="/etc/hostname"), "'/etc/hostname' leaves source.images"),
     ],
 )
 def test_bad_input_is_named_with_the_file_the_id_and_the_fix(tmp_path, edit, said):
@@ -389,3 +393,10 @@ def test_iscrowd_as_a_boolean_and_an_annotation_id_past_2_53_are_kept(tmp_path):
     arrays, found = coco_json.build(doc, "train.json", str(tmp_path / "images"), LABEL, False, "keep", False)
     assert 2**60 + 1 in arrays["annotation_id"].tolist()  # every digit: not through a float64 table
     assert found["crowd_excluded"] == 2  # the file's own crowd box and the one marked true
+
+
+def test_a_category_without_a_name_is_named(tmp_path):
+    doc = _coco(tmp_path)
+    doc["categories"][0]["name"] = None  # would become the class "None"
+    with pytest.raises(ValueError, match=r"name None is not a name"):
+        _source(tmp_path, doc).prepare()

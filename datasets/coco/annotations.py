@@ -60,7 +60,11 @@ def categories(doc: dict, path: str) -> list[tuple[int, str]]:
             problems.add("key", where, f"no {' or '.join(map(repr, missing))}")
             continue
         cid = _int(cat["id"])
-        if cid is None:
+        if not isinstance(cat["name"], str) or not cat["name"].strip():  # null would become the class "None"
+            problems.add(
+                "json", f"{where} (category id {cat['id']!r})", f"name {cat['name']!r} is not a name"
+            )
+        elif cid is None:
             problems.add("json", f"{where} (category id {cat['id']!r})", "the id is not an integer")
         elif cid in found:
             problems.add("duplicate", f"category id {cid}", f"named {found[cid]!r} and {cat['name']!r}")
@@ -114,7 +118,13 @@ def _images(doc: dict, root: str, problems: Problems) -> tuple[list, dict, set]:
             continue
         name = str(image["file_name"])
         full = os.path.join(root, name)
-        if not os.path.isfile(full):
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+            problems.add(
+                "file",
+                f"image id {iid}",
+                f"file_name {name!r} leaves source.images (absolute, or through ..): give it relative to that folder",
+            )
+        elif not os.path.isfile(full):
             problems.add(
                 "file",
                 f"image id {iid}",
@@ -241,7 +251,14 @@ def build(doc: dict, path: str, root: str, label_of: dict, crowd: bool, empty: s
         x0, y0 = min(max(x, 0.0), w), min(max(y, 0.0), h)
         x1, y1 = min(max(x + bw, 0.0), w), min(max(y + bh, 0.0), h)
         area = ann.get("area")
-        area = float(area) if isinstance(area, (int, float)) and math.isfinite(area) else bw * bh
+        if (
+            isinstance(area, bool)
+            or area is not None
+            and not (isinstance(area, (int, float)) and math.isfinite(area) and area >= 0)
+        ):
+            problems.add("json", where, f"area {area!r:.40} is not a number of pixels (0 or more)")
+            continue
+        area = float(area) if area is not None else bw * bh
         owner.append(position[iid])
         rows.append((x0, y0, x1, y1, label_of[cid], is_crowd, area))
         annotation_ids.append(aid)

@@ -35,7 +35,8 @@ from feedline.datasets.coco.problems import CocoError, load_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: iscrowd, duplicate and int64-overflowing ids are checked (an index of 1 may hold them)
+FORMAT = 3  # 2: iscrowd, duplicate and int64-overflowing ids checked; 3: areas, category names, file names
+# leaving the folder checked (an index of an earlier format may hold them)
 ARRAYS = (
     "paths.text",
     "paths.offsets",
