@@ -51,7 +51,14 @@ def prepared(fields: Fields, record: dict, size: tuple[int, int], geometry) -> d
     return out
 
 
-def _stored(value, kind: str, count: int, size, geometry):
+SHARED = ("image", "mask", "number", "vector", "class", "classes")  # kinds every writer stores alike
+
+
+def stored_value(value, kind: str, count: int, size, geometry):
+    """A value of one of the ``SHARED`` kinds as a writer stores it (HDF5 and shards alike): an image or mask
+    moved by ``geometry`` (its image's resize) and encoded as PNG, a finite number, a float32 vector, a class
+    index or an int64 array of class indices checked against ``count`` classes. Raises ValueError naming what
+    is wrong."""
     if kind in ("mask", "image"):
         tensor = decode_mask(value) if kind == "mask" else None
         if tensor is None:
@@ -62,24 +69,31 @@ def _stored(value, kind: str, count: int, size, geometry):
             h, w = tensor.shape[-2:]
             raise ValueError(f"its size {w}x{h} differs from the image's, {size[1]}x{size[0]}")
         wrapped = tv_tensors.Mask(tensor) if kind == "mask" else tv_tensors.Image(tensor)
-        return encode_png(torch.as_tensor(geometry(wrapped)).contiguous()).numpy()
+        return encode_png(torch.as_tensor(geometry(wrapped)).contiguous()).numpy().reshape(-1)
     if kind == "number":
         number = float(value)
         if math.isnan(number):
             raise ValueError("NaN is not a number")
         return number
     if kind == "vector":
-        return np.asarray(value, dtype=np.float32).reshape(-1)
+        return np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
     if kind == "class":
         index = int(value)
         if not 0 <= index < count:
             raise ValueError(f"class index {index} is not in 0..{count - 1}")
         return index
     if kind == "classes":
-        indices = np.asarray(value, dtype=np.int64).reshape(-1)
-        if len(indices) and (indices.min() < 0 or indices.max() >= count):
-            raise ValueError(f"class index {int(indices.max())} is not in 0..{count - 1}")
+        indices = np.ascontiguousarray(value, dtype=np.int64).reshape(-1)
+        bad = indices[(indices < 0) | (indices >= count)]
+        if len(bad):
+            raise ValueError(f"class index {int(bad[0])} is not in 0..{count - 1}")
         return indices
+    raise TypeError(f"stored_value stores {', '.join(SHARED)}, not {kind}")
+
+
+def _stored(value, kind: str, count: int, size, geometry):
+    if kind in SHARED:
+        return stored_value(value, kind, count, size, geometry)
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")
     if "\x00" in value:

@@ -17,7 +17,6 @@ first sample lacks is skipped and listed, naming it.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 
@@ -30,8 +29,7 @@ from feedline.datasets.fields import Fields
 from feedline.datasets.records import BadInput
 from feedline.datasets.shards.fields import BOX_KEYS
 from feedline.transforms.decode import DecodeError, decode
-from feedline.transforms.masks import decode_mask
-from feedline.writers.hdf5_fields import mask_geometry
+from feedline.writers.hdf5_fields import SHARED, mask_geometry, stored_value
 from feedline.writers.prepare import encoded_bytes, shrink, shrunk_size
 
 PROBED = 16  # rows read to find what a boxes field's samples hold, before the first one that reads
@@ -96,29 +94,10 @@ def prepared_sample(record, fields: Fields, options, boxes: dict) -> dict:
 
 def _stored(field, value, size, target, geometry, spec: dict):
     kind, count = field.kind, len(field.classes or ())
-    if kind in ("mask", "image"):
-        tensor = decode_mask(value) if kind == "mask" else decode(value)
-        if tuple(tensor.shape[-2:]) != size:
-            h, w = tensor.shape[-2:]
-            raise ValueError(f"its size {w}x{h} differs from the image's, {size[1]}x{size[0]}")
-        wrapped = tv_tensors.Mask(tensor) if kind == "mask" else tv_tensors.Image(tensor)
-        return encode_png(torch.as_tensor(geometry(wrapped)).contiguous()).numpy().reshape(-1)
+    if kind in SHARED:
+        return stored_value(value, kind, count, size, geometry)
     if kind == "boxes":
         return _boxes(value, count, size, target, geometry, spec, str(field.format or "XYXY").upper())
-    if kind == "class":
-        index = int(value)
-        if not 0 <= index < count:
-            raise ValueError(f"class index {index} is not in 0..{count - 1}")
-        return index
-    if kind == "classes":
-        return _indices(value, count, "class index")
-    if kind == "number":
-        number = float(value)
-        if math.isnan(number):
-            raise ValueError("NaN is not a number")
-        return number
-    if kind == "vector":
-        return np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
     if not isinstance(value, str):  # text, json
         raise TypeError(f"expected text, got {type(value).__name__}")
     if os.path.isfile(value):  # LitData's writer would store that file's bytes in its place
