@@ -8,7 +8,7 @@ STAMP := $(VENV)/.feedline-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py transforms/_jpeg_window.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,slurm]"

@@ -97,6 +97,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         multiprocessing_context: str | None = _DEFAULTS.multiprocessing_context,
         drop_last: bool = _DEFAULTS.drop_last,
         reduced_decode: bool = _DEFAULTS.reduced_decode,
+        window_decode: bool = _DEFAULTS.window_decode,
         max_pixels: int | None = _DEFAULTS.max_pixels,
         predict_root: str | None = _DEFAULTS.predict_root,
         memory_format: str = _DEFAULTS.memory_format,
@@ -138,6 +139,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
         self.multiprocessing_context = check_multiprocessing_context(multiprocessing_context)
         self.drop_last = bool(drop_last)
         self.reduced_decode = bool(reduced_decode)
+        self.window_decode = bool(window_decode)
         self.max_pixels = check_max_pixels(max_pixels)
         self.predict_root = require_dir(predict_root, "data.predict_root") if predict_root else None
         self.memory_format = parse_memory_format(memory_format)
@@ -166,6 +168,7 @@ class ImageLoaders(TrainLoader, DeviceBatch):
                 "multiprocessing_context": multiprocessing_context,
                 "drop_last": self.drop_last,
                 "reduced_decode": self.reduced_decode,
+                "window_decode": self.window_decode,
                 "max_pixels": max_pixels,
                 "predict_root": self.predict_root,
                 "memory_format": memory_format,

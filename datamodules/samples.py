@@ -17,7 +17,9 @@ from feedline.datamodules.sample_fields import FieldDecoder
 from feedline.datasets.fields import Fields
 from feedline.datasets.records import BadInput
 from feedline.transforms.decode import DecodeError, decode
+from feedline.transforms.jpeg_window import available, decode_drawn
 from feedline.transforms.reduce import minimum_size
+from feedline.transforms.window import CropFirst
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class SampleDataset(Dataset):
         part_transforms: dict[int, Callable] | None = None,
         with_parts: bool = False,
         fields: Fields | None = None,
+        window_decode: bool = _DEFAULTS.window_decode,
     ):
         self.records = records
         self.fields = None if fields is None or fields.is_classification else fields
@@ -69,6 +72,7 @@ class SampleDataset(Dataset):
         self.with_parts = bool(with_parts)
         self.on_bad_sample = parse_on_bad_sample(on_bad_sample)
         self.reduced_decode = bool(reduced_decode)
+        self.window_decode = bool(window_decode) and available()
         self.max_pixels = max_pixels
         self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
         self.bad: BadSamples | None = None  # shared flags, set by the datamodule before workers start
@@ -118,11 +122,15 @@ class SampleDataset(Dataset):
         return getitems(indices) if getitems is not None else [self.records[i] for i in indices]
 
     def decode(self, payload, part: int | None = None, timings=None):
-        """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it; a record of
-        named fields -> a dict of decoded fields (``sample_fields.py``; ``timings``: each field's time, for
-        bench.py)."""
+        """Payload -> uint8 (3, H, W), at reduced size where the first transform allows it; under a stack that
+        starts with RandomResizedCrop (``window_decode``), a JPEG's crop drawn and only its window decoded (a
+        ``Windowed`` image, ``transforms/jpeg_window.py``); a record of named fields -> a dict of decoded fields
+        (``sample_fields.py``; ``timings``: each field's time, for bench.py)."""
         if self._field_decoder is not None:
             return self._field_decoder(payload, self._floor_of(part), self.max_pixels, timings)
+        transform = self._transform_of(part)
+        if self.window_decode and isinstance(transform, CropFirst):
+            return decode_drawn(payload, transform, self.reduced_decode, self.max_pixels)
         return decode(payload, self._floor_of(part), self.max_pixels)
 
     def augment(self, image, part: int | None = None):
@@ -159,16 +167,15 @@ class SampleDataset(Dataset):
 
     def _finish(self, i: int, record, seed: int | None = None):
         used, part = i, self._part(i)
+        _seed(seed)  # the sample's draws start here: its crop's, drawn at the decode under window_decode
         try:
             image, label = self._decode(i, record)
         except BAD_INPUT as err:
             self.bad_sample(i, err)
             if self.with_paths:
                 return None  # predict: the file is left out of its batch (``WithPaths``), never replaced
-            image, label, used = self._substitute(i)
+            image, label, used = self._substitute(i, seed)
             part = self._part(used)
-        if seed is not None:
-            torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100
         if label is None:  # named fields: one dict, the part of a mix's val/test sample in it
             sample = self.augment(image, part)
             if self.with_parts:
@@ -197,17 +204,23 @@ class SampleDataset(Dataset):
             self.bad = BadSamples(len(self), self.max_bad_fraction)
         return self.bad
 
-    def _substitute(self, i: int):
-        """(image, label, index) of the next readable sample after ``i``; each bad one met on the way
-        counts against the budget."""
+    def _substitute(self, i: int, seed: int | None = None):
+        """(image, label, index) of the next readable sample after ``i``, its draws made afresh from ``seed``;
+        each bad one met on the way counts against the budget."""
         n = len(self)
         for k in range(1, n):
             j = (i + k) % n
+            _seed(seed)
             try:
                 return (*self._decode(j), j)
             except BAD_INPUT as err:
                 self._flags().found(j, self.records.describe(j), err)
         raise BadSampleError(f"every sample of this split is unreadable ({n}): check the data")
+
+
+def _seed(seed: int | None) -> None:
+    if seed is not None:
+        torch.default_generator.manual_seed(seed)  # the CPU generator alone: 1 us, not 100
 
 
 def _split(key) -> tuple[int, int | None]:

@@ -12,7 +12,9 @@ from feedline.datasets.folder.unlabeled import unlabeled_folder
 from feedline.transforms.boxes import check_box_stack
 from feedline.transforms.collate import PadCollate
 from feedline.transforms.deferred import defer_crop
+from feedline.transforms.jpeg_window import available, say_if_off
 from feedline.transforms.stacks import compose
+from feedline.transforms.window import CropFirst, crop_first
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,10 @@ def split_dataset(loaders, split: str) -> SampleDataset:
     if getattr(loaders.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
         transform = defer_crop(transform)
         parts = {k: defer_crop(t) for k, t in parts.items()}
+    if loaders.window_decode and (loaders.fields is None or loaders.fields.is_classification):
+        transform, parts = crop_first(transform), {k: crop_first(t) for k, t in parts.items()}
+        if not available() and any(isinstance(t, CropFirst) for t in (transform, *parts.values())):
+            say_if_off()  # the stack would decode JPEG windows: it decodes them whole, and says how to change that
     dataset = SampleDataset(
         records,
         transform,
@@ -71,6 +77,7 @@ def split_dataset(loaders, split: str) -> SampleDataset:
         part_transforms=parts,
         with_parts=split in ("val", "test") and hasattr(records, "part_of"),
         fields=None if split == "predict" else loaders.fields,
+        window_decode=loaders.window_decode,
     )
     if parts and not isinstance(loaders.collate, PadCollate):
         check_part_sizes(dataset, own)

@@ -12,8 +12,8 @@ from feedline.datamodules.samples import SampleDataset
 from feedline.datasets.folder.source import FolderSource
 from feedline.transforms import deferred as deferred_module
 from feedline.transforms.collate import DefaultCollate, Uint8Collate
-from feedline.transforms.crop import RandomResizedCrop
-from feedline.transforms.deferred import CropDraws, DeferredCrop, PendingCrop, defer_crop
+from feedline.transforms.crop import CropDraws, RandomResizedCrop
+from feedline.transforms.deferred import DeferredCrop, PendingCrop, defer_crop
 from feedline.transforms.flip import RandomHorizontalFlip
 from feedline.transforms.stacks import TransformStacks, compose
 from tests.helpers import simple_tree
@@ -137,7 +137,8 @@ def test_the_datamodule_defers_only_for_the_uint8_collate(tmp_path):
     assert batch.image.shape == (4, 3, 8, 8) and batch.image.dtype == torch.uint8
     dm = ImageDataModule(source, stacks, DefaultCollate(), batch_size=4)
     dm.setup("fit")
-    assert dm.datasets["train"].transform is stacks.train
+    train = dm.datasets["train"].transform  # the stack itself (its window drawn at the decode: window.py)
+    assert not isinstance(train, DeferredCrop) and list(train.transforms) == list(stacks.train.transforms)
 
 
 @pytest.mark.parametrize(

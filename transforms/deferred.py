@@ -22,22 +22,20 @@ Every other stack, input or collate keeps the ordinary path: ``defer_crop`` retu
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional._geometry import _do_native_uint8_resize_on_cpu
 
-from feedline.transforms.crop import RandomResizedCrop, channels_last
+from feedline.transforms.crop import channels_last
 from feedline.transforms.flip import RandomHorizontalFlip
+from feedline.transforms.window import CROPS, CropFirst, Windowed
 
 _AA = torch.ops.aten._upsample_bilinear2d_aa.out
 _BILINEAR = v2.InterpolationMode.BILINEAR
-# torchvision's transforms and feedline's fast subclasses of them (the same draws and pixels); subclasses
-# of either, with draws or pixel work of their own, keep the ordinary path.
-_CROPS = (v2.RandomResizedCrop, RandomResizedCrop)
+# torchvision's flip and feedline's fast subclass of it (the same draw and pixels); subclasses of either, and of
+# the crops (window.CROPS), with draws or pixel work of their own, keep the ordinary path.
 _FLIPS = (v2.RandomHorizontalFlip, RandomHorizontalFlip)
 _PENDS = (tv_tensors.Image, tv_tensors.Mask)  # what a sample of fields may hold for its crop to pend
 
@@ -136,60 +134,30 @@ def _fused_kernel(crop: v2.RandomResizedCrop) -> bool:
     return mode == _BILINEAR and bool(crop.antialias) and _do_native_uint8_resize_on_cpu(_BILINEAR)
 
 
-class CropDraws:
-    """``RandomResizedCrop.make_params`` for one (H, W) image: the same generator calls on the same kinds of
-    tensors, in the same order, so the same box for the same generator state (tested against torchvision's),
-    in a third of the time: bounds are floats computed once, and three 1-element tensors are reused rather
-    than a dozen made per sample. Then the flip's one draw, compared in float32 as torchvision compares it."""
-
-    def __init__(self, crop: v2.RandomResizedCrop, flip_p: float | None):
-        self.scale = (float(crop.scale[0]), float(crop.scale[1]))
-        self.log_ratio = (float(crop._log_ratio[0]), float(crop._log_ratio[1]))
-        self.ratio = (min(crop.ratio), max(crop.ratio))
-        self.flip_p = None if flip_p is None else torch.tensor(flip_p, dtype=torch.float32).item()
-        self._uniform, self._exp = torch.empty(1), torch.empty(1)
-        self._int = torch.empty(1, dtype=torch.int64)
-
-    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """(top, left, height, width) of the crop window."""
-        uniform, area = self._uniform, height * width
-        for _ in range(10):  # torchvision's attempts: area and aspect ratio drawn, kept when the box fits
-            target = area * uniform.uniform_(*self.scale).item()
-            aspect = torch.exp(uniform.uniform_(*self.log_ratio), out=self._exp).item()
-            w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                top = self._int.random_(0, height - h + 1).item()  # what torch.randint draws
-                return top, self._int.random_(0, width - w + 1).item(), h, w
-        low, high = self.ratio  # none fitted: the centre crop nearest the allowed ratios
-        w, h = width, height
-        if width / height < low:
-            h = round(w / low)
-        elif width / height > high:
-            w = round(h * high)
-        return (height - h) // 2, (width - w) // 2, h, w
-
-    def flip(self) -> bool:
-        return self.flip_p is not None and self._uniform.uniform_().item() < self.flip_p
-
-
-class DeferredCrop(v2.Compose):
+class DeferredCrop(CropFirst):
     """The stack ``[RandomResizedCrop]`` or ``[RandomResizedCrop, RandomHorizontalFlip]``, for the collate to
-    finish: one plain uint8 image in, a ``PendingCrop`` out. Any other input goes through the stack as usual;
-    everything that inspects a ``Compose`` (reduced-size decoding reads its first transform) sees the same."""
+    finish: one plain uint8 image in, a ``PendingCrop`` out; a ``Windowed`` image (its crop drawn before the
+    decode, ``window.py``) pends with that box. Any other input goes through the stack as usual; everything
+    that inspects a ``Compose`` (reduced-size decoding reads its first transform) sees the same."""
 
     def __init__(self, transforms):
-        super().__init__(list(transforms))
-        self.crop = self.transforms[0]
-        self.draws = CropDraws(self.crop, self.transforms[1].p if len(self.transforms) > 1 else None)
+        transforms = list(transforms)
+        super().__init__(transforms, transforms[1].p if len(transforms) > 1 else None)
 
     def __call__(self, *inputs):  # called per sample: no module hooks to run, so skip nn.Module's dispatch
         image = inputs[0] if len(inputs) == 1 else None
         if type(image) is dict:
             return self._fields(image)
+        if type(image) is Windowed:
+            return self.finish(image)
         if type(image) is not torch.Tensor or image.dim() != 3 or image.dtype != torch.uint8:
             return self.forward(*inputs)
         box = self.draws.box(image.shape[1], image.shape[2])  # the crop's draws, then the flip's
         return PendingCrop(image, box, self.draws.flip(), self.crop)
+
+    def finish(self, windowed: Windowed) -> PendingCrop:
+        """The window's box was drawn before the decode: the flip's draw, and the crop pends."""
+        return PendingCrop(windowed.image, windowed.box, self.draws.flip(), self.crop)
 
     def _fields(self, sample: dict):
         """A sample of named fields: one uint8 image and masks of its size pend; anything else (another
@@ -225,6 +193,6 @@ def defer_crop(stack):
     if type(stack) is not v2.Compose or not 1 <= len(stack.transforms) <= 2:
         return stack
     crop, *rest = stack.transforms
-    if type(crop) not in _CROPS or (rest and type(rest[0]) not in _FLIPS):
+    if type(crop) not in CROPS or (rest and type(rest[0]) not in _FLIPS):
         return stack
     return DeferredCrop(stack.transforms)
