@@ -17,9 +17,9 @@ from feedline.datamodules.sample_fields import FieldDecoder
 from feedline.datasets.fields import Fields
 from feedline.datasets.records import BadInput
 from feedline.transforms.decode import DecodeError, decode
-from feedline.transforms.jpeg_window import available, decode_drawn
+from feedline.transforms.jpeg_window import available, decode_drawn, decode_region
 from feedline.transforms.reduce import minimum_size
-from feedline.transforms.window import CropFirst
+from feedline.transforms.window import CropFirst, kept_region
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class SampleDataset(Dataset):
         self.max_bad_fraction = check_max_bad_fraction(max_bad_fraction)
         self.bad: BadSamples | None = None  # shared flags, set by the datamodule before workers start
         self._floors: dict = {}
+        self._regions: dict = {}
 
     def share_bad_samples(self) -> None:
         """Put fresh bad-sample flags in shared memory, for the workers of the loader about to start."""
@@ -84,7 +85,7 @@ class SampleDataset(Dataset):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_floors"] = {}  # closures over the transforms: rebuilt in the process that reads
+        state["_floors"], state["_regions"] = {}, {}  # closures over the transforms: rebuilt where it reads
         if state["bad"] is not None and not state["bad"].flags.is_shared():
             state["bad"] = None  # this process's own flags: a new process keeps its own
         return state
@@ -106,6 +107,15 @@ class SampleDataset(Dataset):
                 minimum_size(transform) if self.reduced_decode and transform is not None else None
             ) or False
         return self._floors[key] or None
+
+    def _region_of(self, part: int | None):
+        """What part ``part``'s stack reads of an image of a given size, where it starts Resize then CenterCrop
+        and ``window_decode`` is on (``window.kept_region``); None: the whole image."""
+        key = part if part in self.part_transforms else None
+        if key not in self._regions:
+            transform = self._transform_of(key)
+            self._regions[key] = (kept_region(transform) if self.window_decode else None) or False
+        return self._regions[key] or None
 
     def _part(self, i: int) -> int | None:
         part_of = getattr(self.records, "part_of", None)
@@ -131,6 +141,9 @@ class SampleDataset(Dataset):
         transform = self._transform_of(part)
         if self.window_decode and isinstance(transform, CropFirst):
             return decode_drawn(payload, transform, self.reduced_decode, self.max_pixels)
+        region = self._region_of(part)
+        if region is not None:
+            return decode_region(payload, region, self._floor_of(part), self.max_pixels)
         return decode(payload, self._floor_of(part), self.max_pixels)
 
     def augment(self, image, part: int | None = None):

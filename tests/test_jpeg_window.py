@@ -294,3 +294,26 @@ def test_data_window_decode_false_and_samples_of_named_fields_keep_the_whole_dec
     dm.setup("fit")
     sample = dm.datasets["train"][(0, 1)]
     assert isinstance(sample["image"], PendingCrop) and spy.calls == 0  # its mask crops with it, whole
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        lambda: [v2.Resize(48, antialias=True), v2.CenterCrop(40)],
+        lambda: [v2.Resize(50, interpolation=v2.InterpolationMode.BICUBIC), v2.CenterCrop((36, 44))],
+        lambda: [v2.Resize((40, 90)), v2.CenterCrop(32), v2.ColorJitter(0.3)],
+        lambda: [v2.Resize(24, interpolation=v2.InterpolationMode.NEAREST), v2.CenterCrop(20)],
+    ],
+)
+@pytest.mark.parametrize("reduced", [False, True])
+def test_evaluation_stacks_decode_what_their_centre_crop_reads_with_the_same_pixels(steps, reduced, spy):
+    records = Records()
+    whole = SampleDataset(records, compose(steps()), reduced_decode=reduced, window_decode=False)
+    windowed = SampleDataset(records, compose(steps()), reduced_decode=reduced, window_decode=True)
+    for i in range(len(records)):
+        torch.manual_seed(i)
+        a = whole[i][0]
+        torch.manual_seed(i)
+        assert torch.equal(windowed[i][0], a), i
+    assert spy.calls == len(records)
+    assert type(windowed.decode(records[0][0])) is torch.Tensor  # nothing drawn: the stack runs as it did

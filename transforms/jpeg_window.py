@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from feedline.transforms.decode import claimed_size, decode
+from feedline.transforms.reduce import reduction
 from feedline.transforms.window import CropFirst, Windowed
 
 try:
@@ -85,11 +86,33 @@ def decode_drawn(payload, stack: CropFirst, reduced: bool, max_pixels: int | Non
 def window(array: np.ndarray, size: tuple[int, int], box, denom: int = 1) -> torch.Tensor | None:
     """A (3, H', W') uint8 view of an (H', W', 3) buffer of the image at 1/``denom`` whose ``box`` (full-size
     pixels) holds the decoded window; None where the extension does not take this data."""
-    height, width = -(-size[0] // denom), -(-size[1] // denom)
-    top, left, h, w = scaled(box, denom, (height, width))
-    out = torch.empty((height, width, 3), dtype=torch.uint8)
+    reduced = (-(-size[0] // denom), -(-size[1] // denom))
+    return _decoded(array, reduced, scaled(box, denom, reduced), denom)
+
+
+def decode_region(payload, region, floor, max_pixels: int | None) -> torch.Tensor:
+    """A JPEG of which only ``region(height, width)`` (``window.kept_region``: what an evaluation stack's centre
+    crop reads) is decoded, into a buffer of the image's size, at the reduced size ``floor`` allows as
+    ``decode`` reduces; any other payload, or a region that is the whole image, decoded whole."""
+    array = _encoded(payload)
+    if array is None or _native is None or array[:3].tobytes() != b"\xff\xd8\xff":
+        return decode(payload, floor, max_pixels)
+    size = claimed_size(array, array[:12].tobytes(), max_pixels)
+    if size is None:
+        return decode(payload, floor, max_pixels)
+    denom = reduction(floor, *size)
+    reduced = (-(-size[0] // denom), -(-size[1] // denom))
+    box = region(*reduced)
+    image = _decoded(array, reduced, box, denom) if box is not None else None
+    return image if image is not None else decode(payload, floor, max_pixels)
+
+
+def _decoded(array: np.ndarray, size: tuple[int, int], box, denom: int) -> torch.Tensor | None:
+    """(3, H, W) view of an (H, W, 3) buffer, ``size`` being the image's at 1/``denom``, where ``box`` (in those
+    pixels) holds the decoded pixels; None where the extension does not take this data."""
+    out = torch.empty((*size, 3), dtype=torch.uint8)
     try:
-        done = _native.decode_into(array, out.numpy(), top, left, h, w, denom)
+        done = _native.decode_into(array, out.numpy(), *box, denom)
     except _native.JpegError:
         return None
     return out.permute(2, 0, 1) if done else None

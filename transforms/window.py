@@ -7,6 +7,10 @@ drawn, and its later steps (a flip, colour jitter) draw as they always do. The d
 order, so a sample's seed gives the same crop and flip whether its image was decoded whole or in part, in any
 worker and after a resume. The pixels are equal too, bit for bit (``tests/test_jpeg_window.py``).
 
+An evaluation stack that starts ``Resize`` then ``CenterCrop`` draws nothing: its crop reads a fixed region of
+the resized image, so only the pixels the resize reads for it are decoded (``kept_region``), into a buffer of
+the image's size, and the stack runs on that buffer as it always did: the same pixels, bit for bit.
+
 Only the exact crop classes take this road (torchvision's and feedline's, which draw alike; ``CropDraws`` is
 tested against torchvision's draws). A subclass with draws of its own, a stack that starts with anything else,
 and every sample of named fields keep the ordinary path.
@@ -14,8 +18,12 @@ and every sample of named fields keep the ordinary path.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional._geometry import _compute_resized_output_size as _resized_size
 
 from feedline.transforms.crop import CropDraws, RandomResizedCrop
 
@@ -93,3 +101,44 @@ def crop_first(stack):
     if type(stack) is not v2.Compose or not stack.transforms or type(stack.transforms[0]) not in CROPS:
         return stack
     return CropFirst(stack.transforms)
+
+
+def kept_region(stack) -> Callable[[int, int], tuple[int, int, int, int] | None] | None:
+    """For a stack that starts ``Resize`` then ``CenterCrop`` (torchvision's, as evaluation stacks do): (height,
+    width) -> the box of the image's pixels that the crop's output reads (the resize kernel's reach around it, with
+    a margin), or None where it reads them all. None for any other stack: it reads the whole image."""
+    steps = getattr(stack, "transforms", None)
+    if type(stack) not in (v2.Compose, CropFirst) or not steps or len(steps) < 2:
+        return None
+    resize, center = steps[0], steps[1]
+    if type(resize) is not v2.Resize or type(center) is not v2.CenterCrop:
+        return None
+    crop_h, crop_w = (int(s) for s in _pair(center.size))
+
+    def region(height: int, width: int):
+        out_h, out_w = _resized_size((height, width), resize.size, resize.max_size)
+        if crop_h > out_h or crop_w > out_w:  # the crop pads: it reads the whole image
+            return None
+        top, left = round((out_h - crop_h) / 2.0), round((out_w - crop_w) / 2.0)  # torchvision's anchor
+        first_row, last_row = _reach(top, top + crop_h, height / out_h, height)
+        first_col, last_col = _reach(left, left + crop_w, width / out_w, width)
+        return first_row, first_col, last_row - first_row, last_col - first_col
+
+    return region
+
+
+def _reach(first: int, last: int, scale: float, size: int) -> tuple[int, int]:
+    """The input pixels [a, b) that output pixels [first, last) of a resize by ``scale`` (input over output) read:
+    every kernel torchvision uses (nearest, bilinear, bicubic, antialiased or not) reaches at most two of its
+    widths, ``max(scale, 1)``, from a pixel's centre; two pixels more are kept as margin."""
+    reach = 2 * max(scale, 1.0) + 2
+    a = math.floor(scale * (first + 0.5) - reach)
+    b = math.ceil(scale * (last - 0.5) + reach)
+    return max(a, 0), min(b, size)
+
+
+def _pair(size) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    size = list(size)
+    return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
