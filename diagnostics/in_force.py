@@ -10,9 +10,14 @@ from torchvision.transforms import v2
 
 from feedline.datasets.fields import GEOMETRIC
 from feedline.storage.stores import is_url
+from feedline.transforms.jpeg_window import available
 from feedline.transforms.reduce import minimum_size
+from feedline.transforms.window import CropFirst
+from feedline.transforms.window import crop_first as crop_first_of
 
 REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or RandomResizedCrop first
+WINDOW_DECODE = "window decode"  # data.window_decode, the C accelerator built, RandomResizedCrop first
+WINDOW_DECODER = "window decoder"  # the C accelerator is built (transforms/_jpeg_window.c)
 UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused shared memory
 FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
 ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files
@@ -29,6 +34,10 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
     alone = fields is None or len(fields.of_kind(*GEOMETRIC)) == 1  # beside a mask or boxes: full-size decode
     if datamodule.reduced_decode and alone and train is not None and minimum_size(train) is not None:
         found.add(REDUCED_DECODE)
+    if available():
+        found.add(WINDOW_DECODER)
+    if _decodes_windows(datamodule, train, fields):
+        found.add(WINDOW_DECODE)
     if getattr(datamodule.collate, "reuse_buffers", False):
         found.add(UINT8_BATCHES)
     if not any(isinstance(t, (v2.ToDtype, v2.Normalize)) for t in _steps(train)):
@@ -44,6 +53,14 @@ def in_force(datamodule, workers: int, cpus: int) -> set[str]:
     if workers >= cpus:
         found.add(EVERY_CPU)
     return found
+
+
+def _decodes_windows(datamodule, train, fields) -> bool:
+    """JPEGs decode only the train crop's window (``transforms/jpeg_window.py``); where the accelerator is not
+    built there is advice to build it."""
+    classification = fields is None or fields.is_classification
+    crop_first = isinstance(crop_first_of(train), CropFirst)
+    return bool(getattr(datamodule, "window_decode", False)) and available() and classification and crop_first
 
 
 def _sources(source) -> list:

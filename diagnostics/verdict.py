@@ -27,8 +27,11 @@ from feedline.diagnostics.in_force import (
     REDUCED_DECODE,
     SHARDS,
     UINT8_BATCHES,
+    WINDOW_DECODE,
+    WINDOW_DECODER,
 )
 from feedline.diagnostics.stages import STAGE_NAMES
+from feedline.transforms.jpeg_window import HOW_TO_BUILD
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,17 @@ SUGGEST = {
         ),
     ],
     "decode-bound": [
+        Advice(
+            "decode only the crop: feedline's crop-window JPEG decoder is not built; " + HOW_TO_BUILD,
+            JPEG,
+            moot_if=(WINDOW_DECODER,),
+        ),
+        Advice(
+            "decode only the crop: keep data.window_decode=true and RandomResizedCrop first in transforms.train",
+            JPEG,
+            moot_if=(WINDOW_DECODE,),
+            only_if=(WINDOW_DECODER,),
+        ),
         Advice(
             "keep data.reduced_decode=true and put a Resize or RandomResizedCrop first, so JPEGs decode at 1/2-1/8",
             JPEG,

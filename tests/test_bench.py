@@ -98,20 +98,25 @@ def test_verdict_rules():
 
 
 def test_decode_bound_advice_fits_the_formats_measured(make_cfg, tmp_path):
+    from feedline.diagnostics.in_force import WINDOW_DECODE, WINDOW_DECODER
     from feedline.diagnostics.verdict import diagnose
 
     measured = run(make_cfg, tmp_path, SLEEP)["breakdown"]["formats"]
     assert measured == {"png": 24}  # simple_tree writes PNGs
 
-    def advice(formats):
+    def advice(formats, done=frozenset({WINDOW_DECODER, WINDOW_DECODE})):
         share = {"read": 0.1, "decode": 0.7, "transform": 0.1, "collate": 0.1}
-        verdict = diagnose({"share": share, "end_to_end_s": 0.001, "formats": formats}, 1000, 1, 2)
+        verdict = diagnose({"share": share, "end_to_end_s": 0.001, "formats": formats}, 1000, 1, 2, done=done)
         assert verdict["verdict"] == "decode-bound"
         return verdict["suggestions"]
 
-    png = advice(measured)
+    png = advice(measured, frozenset())
     assert png[0].startswith("skip decoding entirely") and not any("JPEGs decode" in s for s in png)
+    assert not any("crop" in s for s in png)
     assert advice({"jpeg": 24})[0].startswith("keep data.reduced_decode=true")
+    # the crop-window decoder: how to build it where it is not, how to use it where it is and the run does not
+    assert "apt install" in advice({"jpeg": 24}, frozenset())[0]
+    assert "data.window_decode=true" in advice({"jpeg": 24}, frozenset({WINDOW_DECODER}))[0]
     assert any("JPEGs decode" in s for s in advice({"jpeg": 20, "png": 4}))  # a mixed tree: both kinds
 
 

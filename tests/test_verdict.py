@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from feedline.bench import bench
-from feedline.diagnostics.in_force import EVERY_CPU, FLOAT_ON_DEVICE, ONE_FILE, REDUCED_DECODE, UINT8_BATCHES
+from feedline.diagnostics.in_force import (
+    EVERY_CPU,
+    FLOAT_ON_DEVICE,
+    ONE_FILE,
+    REDUCED_DECODE,
+    UINT8_BATCHES,
+    WINDOW_DECODE,
+    WINDOW_DECODER,
+)
 from feedline.diagnostics.verdict import diagnose
 from tests.helpers import simple_tree
 
@@ -149,9 +157,12 @@ def test_bench_reads_what_the_pipeline_already_does(make_cfg, tmp_path):
         " {_target_: tests.sleepy.Sleep, seconds: 0.008}]"
     )
     result = run(make_cfg, tmp_path, crop, "collate=uint8", "data.reduced_decode=true")
-    assert {REDUCED_DECODE, UINT8_BATCHES, FLOAT_ON_DEVICE} <= set(result["verdict"]["in_force"])
+    said = set(result["verdict"]["in_force"])
+    assert {REDUCED_DECODE, UINT8_BATCHES, FLOAT_ON_DEVICE, WINDOW_DECODER, WINDOW_DECODE} <= said
     result = run(make_cfg, tmp_path, SLEEP, "collate=default", "data.reduced_decode=false")
-    assert not {REDUCED_DECODE, UINT8_BATCHES} & set(result["verdict"]["in_force"])
+    assert not {REDUCED_DECODE, UINT8_BATCHES, WINDOW_DECODE} & set(result["verdict"]["in_force"])
+    result = run(make_cfg, tmp_path, crop, "data.window_decode=false")
+    assert WINDOW_DECODE not in set(result["verdict"]["in_force"])
 
 
 def test_a_decode_bound_png_tree_gets_no_jpeg_advice(make_cfg, tmp_path, monkeypatch):
