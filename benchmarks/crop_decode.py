@@ -28,6 +28,14 @@ which must be 0.
 
 Rows alternate within a round; tables give the median over ``--rounds`` with the min-max, and speedups against
 the anchor (the anchor's CPU per image over the row's).
+
+JSON (``--json``): ``machine`` (CPU model, cores, torch and torchvision versions, the libjpeg API level and the
+libjpeg files loaded), ``args``, and one key per section run. ``kernel`` and ``large``: ``rows``, each with
+``cpu_ms_runs`` (one per round), ``cpu_ms`` (their median), ``cpu_ms_range`` (min, max), ``speedup`` (against
+``anchor``) and ``vs_window_off``; ``large`` also each run's raw measurement (``runs``), the photos'
+``mean_file_mb`` and the ``target``'s verdict. ``tolerance``: ``draws_at_scale`` (how many draws
+``CropFirst.scale`` sent to each scale), ``scales`` ("2", "4", "8": draws, mean and maximum absolute difference,
+lowest PSNR) and ``unscaled_vs_torchvision`` (compared, mismatches).
 """
 
 from __future__ import annotations
@@ -241,10 +249,19 @@ def large(args, tree: str) -> dict:
     return {
         "images": args.large,
         "side": args.large_side,
+        "mean_file_mb": mean_file_mb(tree),
         "anchor": LARGE_ANCHOR,
         "rows": rows,
         "target": target,
     }
+
+
+def mean_file_mb(tree: str) -> float:
+    """The photos' mean file size: how much entropy-coded data every decode walks, the window's too."""
+    from peer_work import samples
+
+    sizes = [os.path.getsize(path) for path, _ in samples(tree)]
+    return sum(sizes) / len(sizes) / 1e6
 
 
 def measure_large(name: str, data: dict, arguments: list[str], args) -> dict:
@@ -340,8 +357,18 @@ def machine() -> dict:
         "torch": version("torch"),
         "torchvision": version("torchvision"),
         "window_decoder_built": available(),
-        "libjpeg_version": getattr(_native, "LIBJPEG_VERSION", None),
+        "libjpeg_version": getattr(_native, "LIBJPEG_VERSION", None),  # the API level (62: libjpeg 6b's)
+        "libjpeg_loaded": loaded("libjpeg"),  # which libjpeg files: the extension's and torchvision's own
     }
+
+
+def loaded(name: str) -> list[str]:
+    """The shared libraries of this process whose file name starts with ``name`` (Linux; else empty)."""
+    if not os.path.exists("/proc/self/maps"):
+        return []
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "/" in line}
+    return sorted(p for p in paths if os.path.basename(p).startswith(name))
 
 
 def print_times(title: str, rows: list[dict], rounds: int) -> None:

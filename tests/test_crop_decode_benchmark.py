@@ -42,7 +42,15 @@ def test_crop_decode_benchmark_quick_run_writes_every_section(tmp_path):
     printed, result = run_benchmark("crop_decode.py", tmp_path, "--quick")
     assert "| feedline, window decode on |" in printed and "| feedline, window on, reduced on |" in printed
     machine = result["machine"]
-    assert set(machine) >= {"cpu", "cores", "torch", "torchvision", "libjpeg_version", "window_decoder_built"}
+    assert set(machine) >= {
+        "cpu",
+        "cores",
+        "torch",
+        "torchvision",
+        "libjpeg_version",
+        "libjpeg_loaded",
+        "window_decoder_built",
+    }
     rounds = result["args"]["rounds"]
     assert rounds == 1 and result["args"]["quick"]
 
@@ -53,6 +61,7 @@ def test_crop_decode_benchmark_quick_run_writes_every_section(tmp_path):
     for r in large.values():  # CPU-ms per image: the process tree's CPU seconds over the images measured
         (run,) = r["runs"]
         assert r["cpu_ms_runs"] == [1000 * run["cpu_seconds"] / run["images"]] and run["images"] > 0
+    assert result["large"]["mean_file_mb"] > 0
     target = result["large"]["target"]
     assert target["row"] == LARGE[3] and target["met"] == (large[LARGE[3]]["speedup"] >= 3.0)
 
