@@ -15,7 +15,7 @@ IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # co
 
 
 # -- loaders: (format class, module that must be importable, build(data, args) -> iterable of batches) --------
-def feedline_loaders(source, args, lightning: bool = False):
+def feedline_loaders(source, args, lightning: bool = False, window_decode: bool = True):
     """feedline's loaders (``ImageLoaders``: no Lightning import; ``lightning``: the ``ImageDataModule`` that
     wraps them) with its `imagenet` preset's train stack: torchvision's RandomResizedCrop and
     RandomHorizontalFlip as feedline ships them (the same parameters, draws and pixels, bit for bit)."""
@@ -35,7 +35,14 @@ def feedline_loaders(source, args, lightning: bool = False):
 
         batch = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     stacks = TransformStacks(train=train, batch=batch)
-    return Loaders(source, stacks, Uint8Collate(), batch_size=args.batch_size, num_workers=args.workers)
+    return Loaders(
+        source,
+        stacks,
+        Uint8Collate(),
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        window_decode=window_decode,
+    )
 
 
 def feedline_loader(source, args, lightning: bool = False):
@@ -54,6 +61,37 @@ def folder_source(data):
 
 def feedline_datamodule(data, args):
     return feedline_folder(data, args, lightning=True)
+
+
+def feedline_whole_decode(data, args):
+    """feedline's folder row with ``data.window_decode=false``: every JPEG decoded whole, then cropped."""
+    return feedline_loaders(folder_source(data), args, window_decode=False).train_dataloader()
+
+
+def kernel(data, args):
+    """The single-thread kernel every loader stands on, without a loader: torchvision's ``decode_jpeg`` of the
+    whole image, RandomResizedCrop 224 and flip, one image after another in this process on one thread, the
+    files read into memory first; batches stacked as the peers' are."""
+    import random
+
+    import torch
+    from peer_work import samples
+
+    torch.set_num_threads(1)
+    transform = crop_and_flip()
+    items = samples(data["tree"])
+    random.Random(0).shuffle(items)
+    payloads = []
+    for path, label in items:
+        with open(path, "rb") as f:
+            payloads.append((f.read(), label))
+
+    def batches():
+        for start in range(0, len(payloads) - args.batch_size + 1, args.batch_size):
+            chunk = payloads[start : start + args.batch_size]
+            yield _stack([(transform(decode_jpeg(data)), label) for data, label in chunk])
+
+    return batches()
 
 
 def feedline_hdf5(key):
@@ -113,6 +151,9 @@ def litdata_loader(data, args):
     return litdata.StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
 
 
+# The single-thread kernel (decode, crop, flip; no loader): the floor every CPU loader stands on
+KERNEL = "kernel: decode_jpeg + crop + flip, one thread, no loader"
+
 # name: (format class, what must be installed: a module of this environment or "overlay:<peer>", build)
 LOADERS = {
     "ImageFolder + PIL": ("JPEG tree", None, imagefolder),
@@ -121,6 +162,8 @@ LOADERS = {
     **{name: (kind, f"overlay:{peer}", build) for name, (kind, peer, build) in peer_overlays.LOADERS.items()},
     "feedline folder": ("JPEG tree", None, feedline_folder),
     "feedline folder (LightningDataModule)": ("JPEG tree", None, feedline_datamodule),
+    "feedline folder, whole decode (data.window_decode=false)": ("JPEG tree", None, feedline_whole_decode),
+    KERNEL: ("JPEG tree", None, kernel),
     "feedline hdf5 (JPEG at 256 px)": ("256 px", None, feedline_hdf5("max256")),
     "feedline hdf5 (raw at 256 px)": ("raw", None, feedline_hdf5("rawmax256")),
 }

@@ -88,9 +88,9 @@ def test_a_window_holds_the_pixels_of_torchvisions_full_decode(kind, size):
     for _ in range(60):
         h, w = rng.randint(1, height), rng.randint(1, width)
         top, left = rng.randint(0, height - h), rng.randint(0, width - w)
-        image = jpeg_window.window(np.frombuffer(data, np.uint8), (height, width), (top, left, h, w))
-        window = image[:, top : top + h, left : left + w]
+        window = jpeg_window.window(np.frombuffer(data, np.uint8), (height, width), (top, left, h, w))
         assert torch.equal(window, full[:, top : top + h, left : left + w]), (top, left, h, w)
+        assert window.permute(1, 2, 0).is_contiguous()  # channels-last, as the crop's resize reads it
 
 
 class Records:
@@ -157,8 +157,10 @@ def test_the_crop_is_drawn_before_the_decode_with_the_samples_seed():
         image = full_decode(Records().items[i])
         torch.manual_seed(77 + i)
         expected = stack(image)
-        assert (
-            isinstance(pending, PendingCrop) and pending.box == expected.box and pending.flip == expected.flip
+        assert isinstance(pending, PendingCrop) and pending.flip == expected.flip
+        top, left, h, w = expected.box  # the window alone was decoded: the stack's box, in the image
+        assert pending.box == (0, 0, h, w) and torch.equal(
+            pending.image, image[:, top : top + h, left : left + w]
         )
         assert torch.equal(pending.materialize(), expected.materialize())
 
@@ -210,18 +212,20 @@ def test_windows_at_a_dct_scale_stay_near_the_unscaled_window_and_only_where_all
     scaled_once = False
     for seed in range(12):
         torch.manual_seed(seed)
+        box = stack.draw(960, 1280)
+        torch.manual_seed(seed)
         reduced = jpeg_window.decode_drawn(data, stack, True, None)
         torch.manual_seed(seed)
         exact = jpeg_window.decode_drawn(data, stack, False, None)
-        assert exact.image.shape[1:] == (960, 1280)  # reduced_decode off: never scaled
-        denom = 960 // reduced.image.shape[1]
-        box = exact.box
-        assert denom == stack.scale(box) and (box[2] // denom >= 128 or denom == 1)
+        assert tuple(exact.image.shape[1:]) == box[2:]  # reduced_decode off: the window at full size
+        denom = stack.scale(box)
+        assert box[2] // denom >= 128 or denom == 1  # twice the output's 64 px on each side
+        size = (-(-960 // denom), -(-1280 // denom))
+        assert tuple(reduced.image.shape[1:]) == jpeg_window.scaled(box, denom, size)[2:]
         scaled_once |= denom > 1
         a, b = stack(reduced).float(), stack(exact).float()
-        assert (a - b).abs().mean() < 3 and 10 * torch.log10(
-            255**2 / ((a - b) ** 2).mean().clamp(min=1e-9)
-        ) > 28
+        psnr = 10 * torch.log10(255**2 / ((a - b) ** 2).mean().clamp(min=1e-9))
+        assert (a - b).abs().mean() < 3 and psnr > 28
     assert scaled_once
 
 

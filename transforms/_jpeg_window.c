@@ -3,15 +3,17 @@
  * decode_into(data, out, top, left, height, width, scale_denom) -> bool
  *
  *   data   the JPEG's bytes (any object with the buffer protocol; read only)
- *   out    a writable C-contiguous uint8 buffer of exactly H' * W' * 3 bytes, H' x W' being the image's size at
- *          1/scale_denom (libjpeg's rounding up), laid out (H', W', RGB)
- *   top, left, height, width   the window, in out's pixels
+ *   out    a writable C-contiguous uint8 buffer, laid out (rows, columns, RGB), of exactly one of two sizes:
+ *          the image's, H' x W' x 3 (H' x W' being its size at 1/scale_denom, libjpeg's rounding up), where each
+ *          window row is written where it lies in the image and the pixels outside the window (but for a column
+ *          or an iMCU around it) are left as they were; or the window's, height x width x 3, which receives the
+ *          window alone
+ *   top, left, height, width   the window, in pixels of the image at 1/scale_denom
  *
  * Only the window's rows are decoded (jpeg_skip_scanlines above, jpeg_abort_decompress below), and in those rows
- * only the iMCU columns around the window (jpeg_crop_scanline); each row is written where it lies in the full
- * image, so the window of `out` holds the same pixels as a full decode would. The window is widened by one
- * column on each side first: libjpeg's smooth chroma upsampling reads one neighbour, which a crop's edge column
- * would otherwise replicate. Pixels outside the widened window are left as they were.
+ * only the iMCU columns around the window (jpeg_crop_scanline), so the window holds the same pixels as a full
+ * decode would. The window is widened by one column on each side first: libjpeg's smooth chroma upsampling
+ * reads one neighbour, which a crop's edge column would otherwise replicate.
  *
  * Returns False, with `out` untouched, for what it does not take: a colour space other than YCbCr, RGB or
  * grayscale (CMYK, YCCK), data that does not end with the EOI marker (a truncated file, or bytes after the image,
@@ -119,8 +121,10 @@ static int decode_window(const struct window *w, char *message, size_t message_s
     cinfo.dct_method = JDCT_ISLOW; /* torchvision's: the pixels must match its full decode */
     jpeg_calc_output_dimensions(&cinfo);
     size_t out_h = cinfo.output_height, out_w = cinfo.output_width;
-    if (cinfo.output_components != 3 || out_h * out_w * 3 != w->out_length || (size_t)w->top + w->height > out_h ||
-        (size_t)w->left + w->width > out_w) {
+    size_t window_bytes = (size_t)w->height * (size_t)w->width * 3;
+    int whole = out_h * out_w * 3 == w->out_length; /* else the window alone */
+    if (cinfo.output_components != 3 || (!whole && window_bytes != w->out_length) ||
+        (size_t)w->top + w->height > out_h || (size_t)w->left + w->width > out_w) {
         jpeg_destroy_decompress(&cinfo);
         return DECLINED;
     }
@@ -135,6 +139,10 @@ static int decode_window(const struct window *w, char *message, size_t message_s
         snprintf(message, message_size, "libjpeg widened the window past the image");
         return FAILED;
     }
+    /* the window alone: each decoded row lands in a scratch row (freed with cinfo), and its window is copied */
+    JSAMPARRAY scratch = whole ? NULL
+                               : (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, columns * 3, 1);
+    size_t offset = ((size_t)w->left - first) * 3, row_bytes = (size_t)w->width * 3;
     if (w->top > 0) {
         JDIMENSION skipped = jpeg_skip_scanlines(&cinfo, (JDIMENSION)w->top);
         if (skipped != (JDIMENSION)w->top) {
@@ -145,12 +153,13 @@ static int decode_window(const struct window *w, char *message, size_t message_s
     }
     size_t stride = out_w * 3;
     for (long row = w->top; row < w->top + w->height; row++) {
-        JSAMPROW line = w->out + (size_t)row * stride + (size_t)first * 3;
+        JSAMPROW line = whole ? w->out + (size_t)row * stride + (size_t)first * 3 : scratch[0];
         if (jpeg_read_scanlines(&cinfo, &line, 1) != 1) {
             jpeg_destroy_decompress(&cinfo);
             snprintf(message, message_size, "libjpeg returned no row %ld", row);
             return FAILED;
         }
+        if (!whole) memcpy(w->out + (size_t)(row - w->top) * row_bytes, scratch[0] + offset, row_bytes);
     }
     jpeg_abort_decompress(&cinfo); /* the rows below the window are never decoded */
     jpeg_destroy_decompress(&cinfo);
@@ -194,8 +203,9 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_into", decode_into, METH_VARARGS,
-     "decode_into(data, out, top, left, height, width, scale_denom) -> bool: decode a window of a JPEG into out "
-     "(H', W', 3) uint8, where it lies in the image; False where the data is not one this decoder takes"},
+     "decode_into(data, out, top, left, height, width, scale_denom) -> bool: decode a window of a JPEG into out, "
+     "uint8 (H', W', 3) of the image's size where it lies in the image, or (height, width, 3) alone; False where "
+     "the data is not one this decoder takes"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -212,7 +222,13 @@ PyMODINIT_FUNC PyInit__jpeg_window(void) {
         return NULL;
     }
     Py_INCREF(JpegError);
-    if (PyModule_AddIntConstant(m, "LIBJPEG_VERSION", JPEG_LIB_VERSION) < 0) {
+#ifdef LIBJPEG_TURBO_VERSION_NUMBER
+    long turbo = LIBJPEG_TURBO_VERSION_NUMBER; /* 2001005: libjpeg-turbo 2.1.5, the headers built against */
+#else
+    long turbo = 0;
+#endif
+    if (PyModule_AddIntConstant(m, "LIBJPEG_VERSION", JPEG_LIB_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", turbo) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -3,9 +3,9 @@
 RandomResizedCrop keeps on average about half of an image, and every loader that decodes the whole image and then
 crops it pays for the rest. Here the crop's box is drawn first (``window.CropFirst.draw``, from the size in the
 JPEG's header), and libjpeg-turbo decodes only that window (``_jpeg_window.c``: the rows above it are skipped,
-the rows below it never decoded, and in between only the columns around it are transformed). The window lands
-where it lies in a buffer of the image's size, so the stack's crop of it holds the pixels a full decode would
-have given, bit for bit, and a ``Windowed`` image carries the box on to the stack.
+the rows below it never decoded, and in between only the columns around it are transformed). The window comes
+back alone, packed channels-last as the resize reads it fastest, with the pixels a full decode would have given
+there, bit for bit; a ``Windowed`` image carries it on to the stack, whose crop is then the whole window.
 
 Where ``data.reduced_decode`` is on and the window decoded at 1/2, 1/4 or 1/8 (libjpeg's DCT scaling) still covers
 the crop's output size (``CropFirst.scale``), it is decoded at that scale: a 12-megapixel photo's window costs a
@@ -80,14 +80,17 @@ def decode_drawn(payload, stack: CropFirst, reduced: bool, max_pixels: int | Non
     image = window(array, size, box, denom)
     if image is None:  # not one the extension takes: torchvision decodes it whole, and judges it
         return Windowed(decode(array, None, max_pixels), box)
-    return Windowed(image, box if denom == 1 else scaled(box, denom, image.shape[1:]))
+    return Windowed(image, (0, 0, *image.shape[1:]))
 
 
 def window(array: np.ndarray, size: tuple[int, int], box, denom: int = 1) -> torch.Tensor | None:
-    """A (3, H', W') uint8 view of an (H', W', 3) buffer of the image at 1/``denom`` whose ``box`` (full-size
-    pixels) holds the decoded window; None where the extension does not take this data."""
+    """The window ``box`` (full-size pixels) of the image at 1/``denom``, decoded alone: a (3, h, w) uint8 view
+    of an (h, w, 3) buffer (channels-last, as the crop's resize reads fastest); None where the extension does
+    not take this data."""
     reduced = (-(-size[0] // denom), -(-size[1] // denom))
-    return _decoded(array, reduced, scaled(box, denom, reduced), denom)
+    box = scaled(box, denom, reduced)
+    out = torch.empty((box[2], box[3], 3), dtype=torch.uint8)
+    return _decoded(array, out, box, denom)
 
 
 def decode_region(payload, region, floor, max_pixels: int | None) -> torch.Tensor:
@@ -103,14 +106,14 @@ def decode_region(payload, region, floor, max_pixels: int | None) -> torch.Tenso
     denom = reduction(floor, *size)
     reduced = (-(-size[0] // denom), -(-size[1] // denom))
     box = region(*reduced)
-    image = _decoded(array, reduced, box, denom) if box is not None else None
+    image = _decoded(array, torch.empty((*reduced, 3), dtype=torch.uint8), box, denom) if box else None
     return image if image is not None else decode(payload, floor, max_pixels)
 
 
-def _decoded(array: np.ndarray, size: tuple[int, int], box, denom: int) -> torch.Tensor | None:
-    """(3, H, W) view of an (H, W, 3) buffer, ``size`` being the image's at 1/``denom``, where ``box`` (in those
-    pixels) holds the decoded pixels; None where the extension does not take this data."""
-    out = torch.empty((*size, 3), dtype=torch.uint8)
+def _decoded(array: np.ndarray, out: torch.Tensor, box, denom: int) -> torch.Tensor | None:
+    """``out`` (H, W, 3), the image's size at 1/``denom`` or the window's, with the window ``box`` (in the pixels
+    of the image at that scale) decoded into it, as a (3, H, W) view; None where the extension does not take
+    this data."""
     try:
         done = _native.decode_into(array, out.numpy(), *box, denom)
     except _native.JpegError:

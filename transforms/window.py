@@ -38,8 +38,9 @@ MARGIN = 2
 
 
 class Windowed:
-    """A decoded uint8 (3, H, W) image of which the crop window ``box`` (top, left, height, width), in the image's
-    own pixels, holds the decoded pixels (the rest may hold anything), and that box: the stack's crop, drawn."""
+    """A decoded uint8 (3, H, W) image and the crop's box (top, left, height, width) in its pixels, drawn before
+    the decode: the window decoded alone (the box is then the whole image), or, where the window decoder
+    declined the data, the whole image decoded as before. Only the box's pixels are read."""
 
     __slots__ = ("image", "box")
 
