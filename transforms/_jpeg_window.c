@@ -131,7 +131,8 @@ static int decode_window(const struct window *w, char *message, size_t message_s
     jpeg_start_decompress(&cinfo);
     /* one column of margin each side, then libjpeg widens the columns to whole iMCUs */
     JDIMENSION first = (JDIMENSION)(w->left > 0 ? w->left - 1 : 0);
-    JDIMENSION last = (JDIMENSION)((size_t)w->left + w->width + 1 < out_w ? w->left + w->width + 1 : out_w);
+    size_t end = (size_t)w->left + (size_t)w->width + 1;
+    JDIMENSION last = (JDIMENSION)(end < out_w ? end : out_w);
     JDIMENSION columns = last - first;
     jpeg_crop_scanline(&cinfo, &first, &columns);
     if ((size_t)first + columns > out_w) { /* libjpeg keeps the window inside the image; never write past a row */
@@ -210,7 +211,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_window",
-                                    "Crop-window JPEG decoding (libjpeg-turbo)", -1, methods};
+                                    "Crop-window JPEG decoding (libjpeg-turbo)", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__jpeg_window(void) {
     PyObject *m = PyModule_Create(&module);
