@@ -134,6 +134,13 @@ static int decode_window(const struct window *w, char *message, size_t message_s
     size_t end = (size_t)w->left + (size_t)w->width + 1;
     JDIMENSION last = (JDIMENSION)(end < out_w ? end : out_w);
     JDIMENSION columns = last - first;
+    /* libjpeg-turbo gives a crop whose chroma would be under 2 samples wide plain (box) upsampling, which the full
+     * decode does not use (a 1-column window at the left edge of a 4:2:0 image): keep it max_h_samp + 1 wide */
+    JDIMENSION least = (JDIMENSION)cinfo.max_h_samp_factor + 1;
+    if (columns < least && out_w >= least) {
+        if ((size_t)first + least > out_w) first = (JDIMENSION)out_w - least;
+        columns = least;
+    }
     jpeg_crop_scanline(&cinfo, &first, &columns);
     if ((size_t)first + columns > out_w) { /* libjpeg keeps the window inside the image; never write past a row */
         jpeg_destroy_decompress(&cinfo);
