@@ -69,12 +69,10 @@ def say_if_off() -> None:
 def decode_drawn(payload, stack: CropFirst, reduced: bool, max_pixels: int | None):
     """A JPEG's crop window, drawn by ``stack`` from its header and decoded alone, as a ``Windowed`` image (at
     a DCT scale where ``reduced`` allows it); any other payload decoded whole, as ``decode`` does."""
-    array = _encoded(payload)
-    if array is None or _native is None or array[:3].tobytes() != b"\xff\xd8\xff":
+    jpeg = _jpeg(payload, max_pixels)
+    if jpeg is None:
         return decode(payload, None, max_pixels)
-    size = claimed_size(array, array[:12].tobytes(), max_pixels)
-    if size is None:
-        return decode(payload, None, max_pixels)
+    array, size = jpeg
     box = stack.draw(*size)
     denom = stack.scale(box) if reduced else 1
     image = window(array, size, box, denom)
@@ -97,12 +95,10 @@ def decode_region(payload, region, floor, max_pixels: int | None) -> torch.Tenso
     """A JPEG of which only ``region(height, width)`` (``window.kept_region``: what an evaluation stack's centre
     crop reads) is decoded, into a buffer of the image's size, at the reduced size ``floor`` allows as
     ``decode`` reduces; any other payload, or a region that is the whole image, decoded whole."""
-    array = _encoded(payload)
-    if array is None or _native is None or array[:3].tobytes() != b"\xff\xd8\xff":
+    jpeg = _jpeg(payload, max_pixels)
+    if jpeg is None:
         return decode(payload, floor, max_pixels)
-    size = claimed_size(array, array[:12].tobytes(), max_pixels)
-    if size is None:
-        return decode(payload, floor, max_pixels)
+    array, size = jpeg
     denom = reduction(floor, *size)
     reduced = (-(-size[0] // denom), -(-size[1] // denom))
     box = region(*reduced)
@@ -131,6 +127,16 @@ def scaled(box, denom: int, size) -> tuple[int, int, int, int]:
     last_row = min(max(round((top + h) / denom), first_row + 1), size[0])
     last_col = min(max(round((left + w) / denom), first_col + 1), size[1])
     return first_row, first_col, last_row - first_row, last_col - first_col
+
+
+def _jpeg(payload, max_pixels: int | None) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """(the bytes as a 1-D uint8 array, (height, width) from the header) of a JPEG the extension may take; None
+    for anything else. A header claiming more than ``max_pixels`` is refused here, as ``decode`` refuses it."""
+    array = _encoded(payload)
+    if array is None or _native is None or array[:3].tobytes() != b"\xff\xd8\xff":
+        return None
+    size = claimed_size(array, array[:12].tobytes(), max_pixels)
+    return None if size is None else (array, size)
 
 
 def _encoded(payload) -> np.ndarray | None:
