@@ -90,6 +90,7 @@ SPLIT = {
     ),
     "feedline.cli.secrets": ("feedline.cli.secret_overrides",),
     "feedline.diagnostics.loader_bench": ("feedline.diagnostics.stages",),
+    "feedline.transforms.deferred": ("feedline.transforms.crop",),
 }
 
 

@@ -28,6 +28,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional._geometry import _do_native_uint8_resize_on_cpu
 
+from feedline.moved import old_names
 from feedline.transforms.crop import channels_last
 from feedline.transforms.flip import RandomHorizontalFlip
 from feedline.transforms.window import CROPS, CropFirst, Windowed
@@ -196,3 +197,6 @@ def defer_crop(stack):
     if type(crop) not in CROPS or (rest and type(rest[0]) not in _FLIPS):
         return stack
     return DeferredCrop(stack.transforms)
+
+
+__getattr__ = old_names(__name__)  # names that moved to another module keep working for one release
