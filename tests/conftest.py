@@ -89,6 +89,7 @@ FAST = ["trainer.fast_dev_run=true", "trainer.accelerator=cpu", "data.num_worker
 
 
 UNSHIPPED = (
+    "*.so",  # the checkout's in-place build of the C extension: the wheel builds its own
     ".git",
     ".venv",
     "build",

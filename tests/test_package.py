@@ -153,21 +153,25 @@ def test_the_wheel_installs_feedline_and_nothing_else_top_level(feedline_wheel, 
     assert shipped_yaml == {str(p.relative_to(ROOT_DIR)) for p in (ROOT_DIR / "conf").rglob("*.yaml")}
     assert "feedline/train.py" in names
     assert not [n for n in names if n.startswith(("feedline/tests/", "feedline/benchmarks/"))]
+    accelerator = [n for n in names if n.startswith("feedline/transforms/_jpeg_window.")]
+    headers = os.path.exists("/usr/include/jpeglib.h")  # where they are, pip builds the optional extension
+    assert [n.rsplit(".", 1)[-1] for n in accelerator] == (["so"] if headers else []), accelerator
 
     probe = (
         "import feedline.datamodules.image as m, feedline.writers.derived\n"
+        "from feedline.transforms.jpeg_window import available\n"
         "from hydra import compose, initialize_config_module\n"
         "with initialize_config_module('feedline.conf', version_base='1.3'):\n"
         "    cfg = compose('train', overrides=['source=folder', 'source.root=/x', 'data.batch_size=8'])\n"
-        "print(m.__file__, cfg.data.batch_size)"
+        "print(m.__file__, cfg.data.batch_size, available())"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    where, batch_size = out.stdout.split()
-    assert where.startswith(str(site)) and batch_size == "8"
+    where, batch_size, built = out.stdout.split()
+    assert where.startswith(str(site)) and batch_size == "8" and built == str(headers)
 
 
 @pytest.mark.slow
