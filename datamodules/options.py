@@ -44,9 +44,7 @@ class DataConfig:
     multiprocessing_context: Optional[str] = None  # noqa: UP045 - fork, spawn, forkserver; null: the default
     drop_last: bool = False
     reduced_decode: bool = True  # JPEGs decode at 1/2, 1/4, 1/8 when the first transform shrinks that much
-    window_decode: bool = (
-        True  # a RandomResizedCrop-first stack: JPEGs decode only the crop's window (C accelerator)
-    )
+    window_decode: bool = True  # JPEGs decode only what the first crop keeps (the C extension); same crops
     max_pixels: Optional[int] = None  # noqa: UP045 - an image claiming more is a bad sample; null: PIL's limit, 0: none
     predict_root: Optional[str] = None  # noqa: UP045 - trainer.predict: every image below it, sorted by path
     memory_format: str = "contiguous"  # image batches on the device, every split: contiguous | channels_last

@@ -139,8 +139,8 @@ class SampleDataset(Dataset):
         if self._field_decoder is not None:
             return self._field_decoder(payload, self._floor_of(part), self.max_pixels, timings)
         transform = self._transform_of(part)
-        if self.window_decode and isinstance(transform, CropFirst):
-            return decode_drawn(payload, transform, self.reduced_decode, self.max_pixels)
+        if isinstance(transform, CropFirst):  # the crop drawn from the header; its window alone decoded
+            return decode_drawn(payload, transform, self.reduced_decode, self.max_pixels, self.window_decode)
         region = self._region_of(part)
         if region is not None:
             return decode_region(payload, region, self._floor_of(part), self.max_pixels)

@@ -62,10 +62,11 @@ def split_dataset(loaders, split: str) -> SampleDataset:
     if getattr(loaders.collate, "writes_pending", False):  # the crop's resize happens in the batch itself
         transform = defer_crop(transform)
         parts = {k: defer_crop(t) for k, t in parts.items()}
-    if loaders.window_decode and (loaders.fields is None or loaders.fields.is_classification):
+    if loaders.fields is None or loaders.fields.is_classification:  # the crop drawn from the JPEG header
         transform, parts = crop_first(transform), {k: crop_first(t) for k, t in parts.items()}
-        if not available() and any(isinstance(t, CropFirst) for t in (transform, *parts.values())):
-            say_if_off()  # the stack would decode JPEG windows: it decodes them whole, and says how to change that
+        windows = any(isinstance(t, CropFirst) for t in (transform, *parts.values()))
+        if windows and loaders.window_decode and not available():
+            say_if_off()  # it decodes whole images, with the same crops, and says how to change that
     dataset = SampleDataset(
         records,
         transform,

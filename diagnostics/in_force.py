@@ -16,8 +16,8 @@ from feedline.transforms.window import CropFirst
 from feedline.transforms.window import crop_first as crop_first_of
 
 REDUCED_DECODE = "reduced decode"  # data.reduced_decode with a Resize or RandomResizedCrop first
-WINDOW_DECODE = "window decode"  # data.window_decode, the C accelerator built, RandomResizedCrop first
-WINDOW_DECODER = "window decoder"  # the C accelerator is built (transforms/_jpeg_window.c)
+WINDOW_DECODE = "window decode"  # data.window_decode, the C extension built, RandomResizedCrop first
+WINDOW_DECODER = "window decoder"  # the C extension is built (transforms/_jpeg_window.c)
 UINT8_BATCHES = "uint8 batches"  # the collate ships uint8 batches in reused shared memory
 FLOAT_ON_DEVICE = "float on device"  # no float conversion or normalisation in the per-sample stack
 ONE_FILE = "one file"  # the source already reads one file (hdf5), not a tree of files

@@ -268,7 +268,8 @@ def test_without_the_extension_jpegs_decode_whole_and_feedline_says_so_once(tmp_
             dm.setup("fit")
             dataset = dm.datasets["train"]
             assert not dataset.window_decode
-            assert type(dataset.decode(dataset.records[0][0])) is torch.Tensor  # the whole image
+            decoded = dataset.decode(dataset.records[0][0])  # the crop drawn from the header, the image whole
+            assert isinstance(decoded, Windowed) and decoded.image.shape == (3, 50, 70)
     said = [r.getMessage() for r in caplog.records if "crop-window" in r.getMessage()]
     assert len(said) == 1 and "libjpeg" in said[0] and "pip install" in said[0]
 
@@ -289,7 +290,8 @@ class JpegPixelSource(PixelSource):
 def test_data_window_decode_false_and_samples_of_named_fields_keep_the_whole_decode(spy):
     stack = compose([RandomResizedCrop(16)])
     dataset = SampleDataset(Records(4), crop_first(stack), window_decode=False)
-    assert type(dataset.decode(dataset.records[0][0])) is torch.Tensor and spy.calls == 0
+    decoded = dataset.decode(dataset.records[0][0])
+    assert decoded.image.shape == (3, 70, 90) and spy.calls == 0  # the whole image
     # a stack that does not start with the crop is left as it is
     assert type(crop_first(compose([v2.Resize(8), RandomResizedCrop(4)]))) is v2.Compose
     source = JpegPixelSource(4)
@@ -321,3 +323,37 @@ def test_evaluation_stacks_decode_what_their_centre_crop_reads_with_the_same_pix
         assert torch.equal(windowed[i][0], a), i
     assert spy.calls == len(records)
     assert type(windowed.decode(records[0][0])) is torch.Tensor  # nothing drawn: the stack runs as it did
+
+
+@pytest.mark.parametrize("how", ["window decode off", "extension not built"])
+def test_the_crops_are_the_same_with_the_window_decoded_alone_or_not_at_every_scale(how, monkeypatch, spy):
+    """The crop is drawn at the image's full size from its header, and decoded at the DCT scale its box allows,
+    whether the window alone is decoded or the whole image: a run without the extension, or with
+    data.window_decode=false, gets the same batches (data.reduced_decode on, photos large enough to scale)."""
+    photos = [np.frombuffer(jpeg((640 + 64 * i, 480 - 16 * i), i % 3), np.uint8) for i in range(8)]
+
+    class Photos(Records):
+        def __init__(self):
+            self.items = photos
+
+        def __getitem__(self, i):
+            return self.items[i], i % 2
+
+    stack = lambda: defer_crop(compose([RandomResizedCrop(48, antialias=True), RandomHorizontalFlip()]))  # noqa: E731
+    keys = [(i, 40 + i) for i in range(8)]
+    collate = Uint8Collate(reuse_buffers=False)
+    windowed = SampleDataset(Photos(), stack(), reduced_decode=True, window_decode=True)
+    with_window = collate(windowed.__getitems__(keys))
+    assert spy.calls == 8
+    if how == "extension not built":
+        monkeypatch.setattr(jpeg_window, "_native", None)
+    whole = SampleDataset(Photos(), stack(), reduced_decode=True, window_decode=how == "extension not built")
+    without = collate(whole.__getitems__(keys))
+    assert spy.calls == 8  # no window decoded
+    assert torch.equal(with_window[0], without[0]) and torch.equal(with_window[1], without[1])
+    scaled = 0  # some windows were decoded at a DCT scale
+    for i, seed in keys:
+        torch.manual_seed(seed)
+        box = windowed.transform.draw(480 - 16 * i, 640 + 64 * i)
+        scaled += windowed.transform.scale(box) > 1
+    assert scaled >= 2

@@ -64,7 +64,9 @@ def _torchvision_reads(head: bytes) -> bool:
     return head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
 
 
-def decode(payload, floor=None, max_pixels: int | None = None, exif: bool = False) -> torch.Tensor:
+def decode(
+    payload, floor=None, max_pixels: int | None = None, exif: bool = False, scale: int | None = None
+) -> torch.Tensor:
     """Payload -> uint8 (3, H, W) tensor. Encoded bytes (numpy uint8 array, bytes or uint8 tensor) are
     decoded; a uint8 (C, H, W) array (raw HDF5 rows) is passed through, grayscale expanded to RGB.
 
@@ -73,7 +75,8 @@ def decode(payload, floor=None, max_pixels: int | None = None, exif: bool = Fals
     than ``max_pixels`` pixels (None: MAX_PIXELS, PIL's limit; 0: no limit) is refused before it is decoded:
     a small file can claim a huge image (a decompression bomb). ``exif``: turn the image as its EXIF
     orientation says (a phone's photo, as viewers show it and annotators draw masks on it); off by default, as
-    torchvision's ImageFolder reads it."""
+    torchvision's ImageFolder reads it. ``scale`` (1, 2, 4 or 8) decodes a JPEG at 1/``scale`` in place of what
+    ``floor`` would choose (``jpeg_window.decode_drawn``: the scale its crop's window allows)."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         payload = np.frombuffer(payload, dtype=np.uint8)
     if isinstance(payload, np.ndarray) and payload.ndim == 1 and payload.dtype == np.uint8:
@@ -98,9 +101,11 @@ def decode(payload, floor=None, max_pixels: int | None = None, exif: bool = Fals
     size = claimed_size(array, head, max_pixels)
     data = torch.as_tensor(array)
     try:
-        factor = (
-            reduction(floor, *size) if floor is not None and size and head.startswith(b"\xff\xd8\xff") else 1
-        )
+        jpeg = head.startswith(b"\xff\xd8\xff")
+        if scale is not None:
+            factor = scale if jpeg else 1
+        else:
+            factor = reduction(floor, *size) if floor is not None and size and jpeg else 1
         if factor > 1:
             image = _decode_pil(data, factor, exif)
         elif _torchvision_reads(head):

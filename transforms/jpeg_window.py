@@ -59,26 +59,35 @@ def say_if_off() -> None:
     if _native is None and not _told:
         _told = True
         log.warning(
-            "crop-window JPEG decoding is off: feedline's C accelerator was not built (%s). JPEGs decode whole "
-            "through torchvision, as before (the same pixels, more CPU per image). To turn it on, %s",
+            "crop-window JPEG decoding is off: feedline's C extension was not built (%s). JPEGs decode whole "
+            "through torchvision (the same crops, more CPU per image). To turn it on, %s",
             _WHY,
             HOW_TO_BUILD,
         )
 
 
-def decode_drawn(payload, stack: CropFirst, reduced: bool, max_pixels: int | None):
-    """A JPEG's crop window, drawn by ``stack`` from its header and decoded alone, as a ``Windowed`` image (at
-    a DCT scale where ``reduced`` allows it); any other payload decoded whole, as ``decode`` does."""
+def decode_drawn(
+    payload, stack: CropFirst, reduced: bool, max_pixels: int | None, window_decode: bool = True
+):
+    """A JPEG's crop, drawn by ``stack`` from the size in its header, as a ``Windowed`` image: with
+    ``window_decode`` (and the extension built) only the window is decoded; else, or where the extension
+    declines the data, the whole image, through torchvision (PIL at a reduced scale). Either way the box is
+    drawn at the image's full size and decoded at the DCT scale ``reduced`` allows for it (``CropFirst.scale``),
+    so the crops are the same whether the window was decoded alone or not. Any other payload is decoded whole,
+    as ``decode`` does, and the stack draws on it."""
     jpeg = _jpeg(payload, max_pixels)
     if jpeg is None:
         return decode(payload, None, max_pixels)
     array, size = jpeg
     box = stack.draw(*size)
     denom = stack.scale(box) if reduced else 1
-    image = window(array, size, box, denom)
-    if image is None:  # not one the extension takes: torchvision decodes it whole, and judges it
-        return Windowed(decode(array, None, max_pixels), box)
-    return Windowed(image, (0, 0, *image.shape[1:]))
+    image = window(array, size, box, denom) if window_decode and _native is not None else None
+    if image is not None:
+        return Windowed(image, (0, 0, *image.shape[1:]))
+    whole = decode(array, None, max_pixels, scale=denom)  # torchvision decodes it whole, and judges it
+    return Windowed(
+        whole, box if tuple(whole.shape[1:]) == tuple(size) else scaled(box, denom, whole.shape[1:])
+    )
 
 
 def window(array: np.ndarray, size: tuple[int, int], box, denom: int = 1) -> torch.Tensor | None:
@@ -95,7 +104,7 @@ def decode_region(payload, region, floor, max_pixels: int | None) -> torch.Tenso
     """A JPEG of which only ``region(height, width)`` (``window.kept_region``: what an evaluation stack's centre
     crop reads) is decoded, into a buffer of the image's size, at the reduced size ``floor`` allows as
     ``decode`` reduces; any other payload, or a region that is the whole image, decoded whole."""
-    jpeg = _jpeg(payload, max_pixels)
+    jpeg = _jpeg(payload, max_pixels) if _native is not None else None
     if jpeg is None:
         return decode(payload, floor, max_pixels)
     array, size = jpeg
@@ -130,10 +139,9 @@ def scaled(box, denom: int, size) -> tuple[int, int, int, int]:
 
 
 def _jpeg(payload, max_pixels: int | None) -> tuple[np.ndarray, tuple[int, int]] | None:
-    """(the bytes as a 1-D uint8 array, (height, width) from the header) of a JPEG the extension may take; None
-    for anything else. A header claiming more than ``max_pixels`` is refused here, as ``decode`` refuses it."""
+    """(the bytes as a 1-D uint8 array, (height, width) from the header) of a JPEG; None for anything else. A header claiming more than ``max_pixels`` is refused here, as ``decode`` refuses it."""
     array = _encoded(payload)
-    if array is None or _native is None or array[:3].tobytes() != b"\xff\xd8\xff":
+    if array is None or array[:3].tobytes() != b"\xff\xd8\xff":
         return None
     size = claimed_size(array, array[:12].tobytes(), max_pixels)
     return None if size is None else (array, size)
