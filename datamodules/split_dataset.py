@@ -14,7 +14,7 @@ from feedline.transforms.collate import PadCollate
 from feedline.transforms.deferred import defer_crop
 from feedline.transforms.jpeg_window import available, say_if_off
 from feedline.transforms.stacks import compose
-from feedline.transforms.window import CropFirst, crop_first
+from feedline.transforms.window import CropFirst, crop_first, kept_region
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def split_dataset(loaders, split: str) -> SampleDataset:
         parts = {k: defer_crop(t) for k, t in parts.items()}
     if loaders.fields is None or loaders.fields.is_classification:  # the crop drawn from the JPEG header
         transform, parts = crop_first(transform), {k: crop_first(t) for k, t in parts.items()}
-        windows = any(isinstance(t, CropFirst) for t in (transform, *parts.values()))
+        windows = any(isinstance(t, CropFirst) or kept_region(t) for t in (transform, *parts.values()))
         if windows and loaders.window_decode and not available():
             say_if_off()  # it decodes whole images, with the same crops, and says how to change that
     dataset = SampleDataset(

@@ -17,9 +17,10 @@
  *
  * Returns False, with `out` untouched, for what it does not take: a colour space other than YCbCr, RGB or
  * grayscale (CMYK, YCCK), data that does not end with the EOI marker (a truncated file, or bytes after the image,
- * which a full decode has to judge), or an image whose size at this scale is not out's. Raises JpegError for
- * what libjpeg refuses. libjpeg's error_exit is replaced, so no input can make it call exit(); its warnings
- * (corrupt entropy data it decodes through) are counted, not printed. Runs without the GIL.
+ * which a full decode has to judge), an image whose size at this scale is not out's, and damage: a warning from
+ * libjpeg while it decoded (corrupt data it decodes through), or a marker in the rest of a one-scan file that a
+ * full decode would stop at. Raises JpegError for what libjpeg refuses. libjpeg's error_exit is replaced, so no
+ * input can make it call exit(); its warnings are counted, not printed. Runs without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -70,6 +71,36 @@ static void source_skip(j_decompress_ptr cinfo, long count) {
     if ((size_t)count > src->bytes_in_buffer) source_fill(cinfo);
     src->next_input_byte += count;
     src->bytes_in_buffer -= (size_t)count;
+}
+
+/* Whether the bytes from `p` on hold only what may follow the rows libjpeg has read in a one-scan file: entropy-
+ * coded data (FF 00 stuffing, RSTn markers, FF fill bytes) and the end marker the file ends with (checked before).
+ * Another marker there (a table, a frame, a scan, a second image) makes a full decode stop or refuse the file. In a
+ * file of several scans libjpeg has read to the end marker before the first row, so nothing is left to check. */
+static int clean_tail(const JOCTET *p, const JOCTET *end) {
+    end -= 2; /* the final FF D9 */
+    while (p < end) {
+        const JOCTET *ff = memchr(p, 0xFF, (size_t)(end - p));
+        if (ff == NULL) return 1;
+        const JOCTET *q = ff + 1;
+        while (q < end && *q == 0xFF) q++; /* fill bytes */
+        if (q >= end) return 1;
+        if (*q != 0x00 && (*q < 0xD0 || *q > 0xD7)) return 0;
+        p = q + 1;
+    }
+    return 1;
+}
+
+/* A progressive file whose scans leave some coefficient of some component unrefined (cut short, its end marker
+ * restored, or written so): libjpeg then smooths the blocks, and libjpeg-turbo's versions differ in how, so the
+ * full decode makes its pixels. libjpeg has read every scan by now (jpeg_start_decompress reads a file of several
+ * scans to its end). */
+static int incomplete(j_decompress_ptr cinfo) {
+    if (!cinfo->progressive_mode || cinfo->coef_bits == NULL) return 0;
+    for (int ci = 0; ci < cinfo->num_components; ci++)
+        for (int k = 0; k < DCTSIZE2; k++)
+            if (cinfo->coef_bits[ci][k] != 0) return 1;
+    return 0;
 }
 
 struct window {
@@ -130,6 +161,10 @@ static int decode_window(const struct window *w, char *message, size_t message_s
         return DECLINED;
     }
     jpeg_start_decompress(&cinfo);
+    if (incomplete(&cinfo)) { /* libjpeg would smooth what its scans left out, as versions differ in doing */
+        jpeg_destroy_decompress(&cinfo);
+        return DECLINED;
+    }
     /* one column of margin each side, then libjpeg widens the columns to whole iMCUs */
     JDIMENSION first = (JDIMENSION)(w->left > 0 ? w->left - 1 : 0);
     size_t end = (size_t)w->left + (size_t)w->width + 1;
@@ -148,14 +183,12 @@ static int decode_window(const struct window *w, char *message, size_t message_s
         snprintf(message, message_size, "libjpeg widened the window past the image");
         return FAILED;
     }
-    /* Rows are read CHUNK at a time (fewer calls), each into a row of its own: into `out` where it holds the whole
-     * image, else into a staging block of the window's rows (freed with cinfo), whose window is then copied out.
-     * Reusing a few scratch rows for every row measured up to 1.5x slower in libjpeg-turbo 2.1, by where the
-     * rows happened to lie: every row gets its own address, as in a full decode. */
+    /* Rows are read CHUNK at a time (fewer calls) into a staging block of the window's rows (freed with cinfo), each
+     * row at an address of its own: reusing a few scratch rows for every row measured up to 1.5x slower in
+     * libjpeg-turbo 2.1, by where they happened to lie. Nothing reaches `out` before the checks at the end. */
     size_t pitch = (size_t)columns * 3;
-    JSAMPLE *staging = whole ? NULL
-                             : (JSAMPLE *)(*cinfo.mem->alloc_large)((j_common_ptr)&cinfo, JPOOL_IMAGE,
-                                                                   (size_t)w->height * pitch);
+    JSAMPLE *staging =
+        (JSAMPLE *)(*cinfo.mem->alloc_large)((j_common_ptr)&cinfo, JPOOL_IMAGE, (size_t)w->height * pitch);
     JSAMPROW lines[CHUNK];
     size_t offset = ((size_t)w->left - first) * 3, row_bytes = (size_t)w->width * 3, stride = out_w * 3;
     if (w->top > 0) {
@@ -168,9 +201,7 @@ static int decode_window(const struct window *w, char *message, size_t message_s
     }
     for (long row = w->top, end_row = w->top + w->height; row < end_row;) {
         JDIMENSION want = (JDIMENSION)(end_row - row < CHUNK ? end_row - row : CHUNK), got = 0;
-        for (JDIMENSION k = 0; k < want; k++)
-            lines[k] = whole ? w->out + (size_t)(row + k) * stride + (size_t)first * 3
-                             : staging + (size_t)(row - w->top + k) * pitch;
+        for (JDIMENSION k = 0; k < want; k++) lines[k] = staging + (size_t)(row - w->top + k) * pitch;
         while (got < want) {
             JDIMENSION read = jpeg_read_scanlines(&cinfo, lines + got, want - got);
             if (read == 0) {
@@ -180,14 +211,23 @@ static int decode_window(const struct window *w, char *message, size_t message_s
             }
             got += read;
         }
-        if (!whole)
-            for (JDIMENSION k = 0; k < got; k++)
-                memcpy(w->out + (size_t)(row - w->top + k) * row_bytes, lines[k] + offset, row_bytes);
         row += (long)got;
     }
+    /* Damage libjpeg decoded through (its warnings), or a marker in the rest of a one-scan file that a full decode
+     * would stop at: the full decode judges the file, and its pixels are the ones a damaged file gets. */
+    int clean = err.pub.num_warnings == 0 &&
+                clean_tail(cinfo.src->next_input_byte, w->data + w->length);
+    if (clean) /* before the abort, which frees the staging block with the image's pool */
+        for (long k = 0; k < w->height; k++) {
+            const JSAMPLE *line = staging + (size_t)k * pitch;
+            if (whole)
+                memcpy(w->out + (size_t)(w->top + k) * stride + (size_t)first * 3, line, pitch);
+            else
+                memcpy(w->out + (size_t)k * row_bytes, line + offset, row_bytes);
+        }
     jpeg_abort_decompress(&cinfo); /* the rows below the window are never decoded */
     jpeg_destroy_decompress(&cinfo);
-    return DONE;
+    return clean ? DONE : DECLINED;
 }
 
 static PyObject *decode_into(PyObject *self, PyObject *args) {

@@ -144,7 +144,9 @@ def _jpeg(payload, max_pixels: int | None) -> tuple[np.ndarray, tuple[int, int]]
     if array is None or array[:3].tobytes() != b"\xff\xd8\xff":
         return None
     size = claimed_size(array, array[:12].tobytes(), max_pixels)
-    return None if size is None else (array, size)
+    if size is None or not size[0] or not size[1]:  # a side of 0: the whole decode names the file
+        return None
+    return array, size
 
 
 def _encoded(payload) -> np.ndarray | None:
