@@ -47,10 +47,6 @@ class Windowed:
     def __init__(self, image: torch.Tensor, box: tuple[int, int, int, int]):
         self.image, self.box = image, box
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.image.shape
-
 
 class CropFirst(v2.Compose):
     """A stack that starts with RandomResizedCrop, for the decode stage to draw its window: ``draw`` makes the
