@@ -131,6 +131,10 @@ def child(spec: dict) -> dict:
     import io
     import pstats
 
+    import feedline.datamodules.image  # noqa: F401 - imported before, so the profile shows the start alone
+    import feedline.datasets.folder.source  # noqa: F401
+    import feedline.datasets.shards.source  # noqa: F401
+
     profile = cProfile.Profile()
     out = profile.runcall(run, spec)
     text = io.StringIO()
