@@ -5,7 +5,7 @@
 Each size runs in a fresh process. A step is either a real call (a source's construction, ``prepare``, a split,
 ``digest``, ...) or, where one line of a larger function is the cost, that line's own operation on the same
 arrays (marked "(the line alone)"). Per step: seconds, the peak of numpy's and Python's allocations
-(tracemalloc) and the growth of the process's RSS (file pages it maps and touches included). Where it runs: per
+(tracemalloc, on a second run of the step; a step that runs once is timed under it) and the growth of the process's RSS (file pages it maps and touches included). Where it runs: per
 rank (every rank, at every start and resume), per loader (every ``train_dataloader()``), or once per node.
 """
 
@@ -45,19 +45,24 @@ def costs(samples: int, data_dir: str, per_chunk: int) -> list[dict]:
     from feedline.datasets.shards.source import ShardsSource
     from feedline.datasets.splits import subset_for
 
-    rows, kept = [], {}
+    rows = []
 
-    def step(name: str, where: str, run, keep: str | None = None):
-        tracemalloc.start()
+    def step(name: str, where: str, run, again: bool = True):
+        """Timed, with the RSS it adds; then run again under tracemalloc for its allocations' peak (tracemalloc
+        slows Python's allocations, so a step that can run only once is timed under it: ``again=False``)."""
+        if not again:
+            tracemalloc.start()
         before, t = _rss(), time.perf_counter()
         out = run()
         seconds = time.perf_counter() - t
+        grown = _rss() - before
+        if again:
+            tracemalloc.start()
+            run()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         rows.append({"samples": samples, "step": name, "where": where, "seconds": seconds,
-                     "alloc_peak": peak, "rss_growth": _rss() - before})  # fmt: skip
-        if keep:
-            kept[keep] = out
+                     "alloc_peak": peak, "rss_growth": grown})  # fmt: skip
         return out
 
     shards = data.ensure_shards(data_dir, samples, per_chunk)
@@ -82,6 +87,7 @@ def costs(samples: int, data_dir: str, per_chunk: int) -> list[dict]:
         "split('train'), first use: draws and writes the split",
         "once (first rank)",
         lambda: src.split("train"),
+        again=False,
     )
     train = step("split('train'), cached: bincount, argsort, _sound", "per rank", lambda: src.split("train"))
     step("split('val'), cached", "per rank", lambda: src.split("val"))
@@ -107,6 +113,7 @@ def costs(samples: int, data_dir: str, per_chunk: int) -> list[dict]:
         "folder: split rows, first use (stratified_split, save)",
         "once (first rank)",
         lambda: subset_for(*args),
+        again=False,
     )
     step("folder: split rows, cached (_sound reads train + val)", rank, lambda: subset_for(*args))
     step("folder: Records.digest()", rank, folder.split("train").digest)
