@@ -20,6 +20,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
+from feedline.datamodules.epoch.order import ORDER_RULE
 from feedline.datamodules.epoch.resume import ResumeError
 from feedline.datamodules.epoch.sampler import EpochSampler
 from feedline.datamodules.image import ImageDataModule
@@ -109,6 +110,29 @@ def test_a_checkpoint_that_does_not_fit_is_refused_or_restarts_the_epoch_when_le
         lenient.load_state_dict(state)
     assert said in caplog.text and "goes on after batch 2 in this run's order" in caplog.text
     assert lenient.position.batches == 2 and lenient.sampler.start == 2 * lenient.batch_size
+
+
+def test_a_checkpoint_of_the_earlier_order_rule_is_refused_inside_an_epoch_and_lenient_goes_to_the_next(
+    tmp_path, caplog
+):
+    tree = simple_tree(tmp_path / "tree", per_class=5)
+    first = small_dm(tree, num_workers=0).train_dataloader()
+    digests(first, 2)
+    state = first.state_dict()
+    assert state["order_rule"] == ORDER_RULE == 2
+    earlier = {k: v for k, v in state.items() if k != "order_rule"}  # as an earlier feedline wrote it
+    with pytest.raises(ResumeError, match=r"epoch order rule 1 .*this feedline draws rule 2.*lenient"):
+        small_dm(tree, num_workers=0).train_dataloader().load_state_dict(earlier)
+    lenient = small_dm(tree, resume="lenient", num_workers=0).train_dataloader()
+    with caplog.at_level(logging.WARNING):
+        lenient.load_state_dict(earlier)
+    assert "the rest of epoch 0 is skipped, training goes on at epoch 1's start" in caplog.text
+    assert digests(lenient) == [] and lenient.position.start == 15
+    # at an epoch's start nothing of the earlier order was read: it resumes as it is
+    at_start = {**earlier, "epoch": 1, "batches": 0, "consumed": 0, "segment": [0, 0]}
+    again = small_dm(tree, num_workers=0).train_dataloader()
+    again.load_state_dict(at_start)
+    assert again.position.epoch == 1 and len(digests(again)) == 5
 
 
 class WorldLoaders(ImageDataModule):

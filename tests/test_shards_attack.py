@@ -128,7 +128,7 @@ def test_a_window_past_the_chunks_is_a_global_shuffle_not_an_overflow(make_cfg, 
     tree = simple_tree(tmp_path / "tree", per_class=4)
     _convert(make_cfg, tree, tmp_path / "shards")
     records = ShardsSource(tmp_path / "shards", val_fraction=0, window=2**70, cache_dir=tmp_path / "c")
-    order = records.split("train").epoch_order(0, 0)
+    order = np.asarray(records.split("train").epoch_order(0, 0))
     assert sorted(order.tolist()) == list(range(12))
     same = ShardsSource(tmp_path / "shards", val_fraction=0, window=10**6, cache_dir=tmp_path / "c")
     assert np.array_equal(order, same.split("train").epoch_order(0, 0))

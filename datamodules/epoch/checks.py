@@ -10,7 +10,9 @@ A resume is refused (``data.resume=strict``) or warned about (``lenient``) when:
   (``lightning_position``): the loader would replay or skip samples while Lightning counts on;
 - what the order is made of changed: the data, the train split (which rows, drawn with which seed and
   fractions), the seed, ``data.drop_last``, and what a source's own order draws from (shards: the window and
-  the chunks, ``records.order_identity()``).
+  the chunks, ``records.order_identity()``);
+- it stands inside an epoch drawn by another rule (``order_rule``, ``order.ORDER_RULE``): a checkpoint of an
+  earlier feedline, whose order of the same seed is another order. ``lenient`` goes on at the next epoch.
 
 The world size and the per-device batch size may change (``ELASTIC``): the samples consumed are a prefix of
 the epoch's order whatever the world that read them, so a new world reads the rest once. Standard library only.
@@ -47,6 +49,8 @@ CHECKED = {
 ELASTIC = ("batch_size", "world_size")
 # Checked only where the checkpoint records them: checkpoints written before they were recorded still resume.
 RECORDED_SINCE = ("class_names", "fields")
+# The rule that draws an epoch's order (datamodules/epoch/order.py ORDER_RULE): checkpoints without it had 1.
+FIRST_ORDER_RULE = 1
 
 
 def counted_in(source, split_digest: str, counts: dict, world_size: int, seed: int, drop_last: bool) -> dict:
@@ -149,6 +153,9 @@ def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
         problems.append(
             f"the train loader state stands after {position[2]} samples of the epoch, but an epoch has {samples}"
         )
+    other = other_order_rule(state, now, position)
+    if other:
+        problems.append(other)
     mismatch = _consumed_mismatch(state, position)
     if mismatch:
         problems.append(mismatch)
@@ -159,6 +166,21 @@ def state_problems(state, now: Mapping, lightning: tuple[int, int] | None):
             "edited or damaged checkpoint)"
         )
     return position, problems
+
+
+def other_order_rule(state, now: Mapping, position: tuple[int, int, int]) -> str | None:
+    """Why a state inside an epoch cannot go on in this run's order: it was drawn by another rule (an
+    earlier feedline's). At an epoch's start nothing of it was read, and the next epoch is whole either way."""
+    then, rule = state.get("order_rule", FIRST_ORDER_RULE), now.get("order_rule")
+    samples = now.get("samples")
+    if rule is None or then == rule or position[2] == 0 or (samples is not None and position[2] >= samples):
+        return None
+    return (
+        f"the checkpoint stands after {position[2]} samples of epoch {position[0]}, drawn by epoch order rule "
+        f"{then!r} (an earlier feedline's), and this feedline draws rule {rule!r}: the same seed gives another "
+        "order, whose rest would repeat samples already read and miss others (finish the epoch with the "
+        "feedline that wrote the checkpoint; data.resume=lenient goes on at the next epoch's start instead)"
+    )
 
 
 def _consumed_mismatch(state, position: tuple[int, int, int]) -> str | None:

@@ -31,6 +31,7 @@ from feedline.datamodules.epoch.checks import (
     ResumeError,
     check_resume_mode,
     missing_state,
+    other_order_rule,
     state_problems,
 )
 from feedline.datamodules.epoch.order import Segment, rank_batches
@@ -133,8 +134,13 @@ class ResumableLoader(DataLoader):
         lightning = self.progress() if self.progress is not None else None
         position, problems = state_problems(state, self.checks, lightning)
         consumed = position[2] if position is not None and not problems else None
-        if consumed is not None and any(
-            state.get(k) != self.checks.get(k) for k in ("world_size", "batch_size")
+        skip = position is not None and other_order_rule(state, self.checks, position) is not None
+        if skip:  # another rule's epoch: none of its rest is known in this order; the next epoch is whole
+            consumed = self.sampler.size
+        if (
+            consumed is not None
+            and not skip
+            and any(state.get(k) != self.checks.get(k) for k in ("world_size", "batch_size"))
         ):
             log.info(
                 "the train loader resumes epoch %d on %d rank(s), batches of %d per rank (the checkpoint's: %s "
@@ -148,7 +154,7 @@ class ResumableLoader(DataLoader):
                 consumed,
                 self.sampler.size,
             )
-        self._settle(problems, lightning or (position[:2] if position else None), consumed)
+        self._settle(problems, lightning or (position[:2] if position else None), consumed, skip)
 
     def __iter__(self):
         resuming, self.resuming = self.resuming, None
@@ -164,7 +170,11 @@ class ResumableLoader(DataLoader):
         return super().__iter__()
 
     def _settle(
-        self, problems: list[str], position: tuple[int, int] | None, consumed: int | None = None
+        self,
+        problems: list[str],
+        position: tuple[int, int] | None,
+        consumed: int | None = None,
+        skip: bool = False,
     ) -> None:
         """Refuse (strict) or warn (lenient) about ``problems``, then go on from ``position``: Lightning's
         when a Trainer resumes, else the state's; None (an unreadable state, no Trainer): the epoch's start.
@@ -176,7 +186,14 @@ class ResumableLoader(DataLoader):
                 "where Lightning resumes, in this run's order"
             )
         epoch, batches = position if position is not None else (self.position.epoch, 0)
-        if problems:
+        if problems and skip:
+            log.warning(
+                "data.resume=lenient: %s; the rest of epoch %d is skipped, training goes on at epoch %d's start",
+                "; ".join(problems),
+                epoch,
+                epoch + 1,
+            )
+        elif problems:
             log.warning(
                 "data.resume=lenient: %s; epoch %d goes on after batch %d in this run's order, so it may repeat "
                 "or miss samples; the epochs after it are whole",

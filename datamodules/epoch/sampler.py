@@ -9,10 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from feedline.datamodules.epoch.order import epoch_order, rank_rows, segment_rows
+from feedline.datamodules.epoch.order import epoch_order, rank_positions, segment_length
+from feedline.datasets.orders import Order, as_order
 
 log = logging.getLogger(__name__)
 
+# positions read at a time: the first block small (the first batches wait on it), then larger ones
+FIRST_BLOCK, BLOCK = 4096, 65536
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: index -> seed offset is a bijection mod 2**64
 
 
@@ -94,29 +97,36 @@ class EpochSampler(DistributedSampler):
             )
         super().set_epoch(epoch)
 
-    def order(self) -> np.ndarray:
-        """This rank's indices for ``self.epoch`` from ``start`` on, in the order they are read."""
+    def epoch_rows(self) -> Order:
+        """``self.epoch``'s whole order, read by position (``datasets/orders.py``); nothing is built."""
         if self.epoch_order is not None and self.shuffle:
-            order = np.asarray(self.epoch_order(self.seed, self.epoch), dtype=np.int64)
-        else:
-            order = epoch_order(self.size, self.seed, self.epoch, self.shuffle)
-        rows = segment_rows(
-            order,
-            self.start,
-            self.num_replicas,
-            self.drop_last,
-        )
-        return rank_rows(rows, self.rank, self.num_replicas)
+            return as_order(self.epoch_order(self.seed, self.epoch))
+        return epoch_order(self.size, self.seed, self.epoch, self.shuffle)
+
+    def order(self) -> np.ndarray:
+        """This rank's indices for ``self.epoch`` from ``start`` on, in the order they are read, as one array
+        (for a look at a small split: iterating reads them a block at a time)."""
+        rows = [rows for rows, _ in self._blocks(self.epoch_rows(), self.start)]
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
     def remaining(self, start: int) -> int:
         """The samples this rank reads of its epoch from ``start`` samples consumed on (no order built)."""
-        rest = self.size - min(start, self.size)
-        rest = rest - rest % self.num_replicas if self.drop_last else rest + -rest % self.num_replicas
-        return rest // self.num_replicas
+        return segment_length(self.size, start, self.num_replicas, self.drop_last) // self.num_replicas
 
     def seeds(self, rows: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             return (_epoch_key(self.seed, self.epoch, 0) + rows.astype(np.uint64) * _GOLDEN) >> np.uint64(1)
+
+    def _blocks(self, order: Order, start: int):
+        """(rows, their seeds) of this rank's share from ``start`` on, ``BLOCK`` at a time: the first block is
+        one of the first batches, so the first indices wait on no more than that."""
+        count, first, step = self.remaining(start), 0, FIRST_BLOCK
+        while first < count:
+            stop = min(count, first + step)
+            at = rank_positions(self.size, start, self.num_replicas, self.rank, first, stop)
+            rows = order.take(at)
+            yield rows, self.seeds(rows)
+            first, step = stop, BLOCK
 
     def __iter__(self):
         if self.drawn is not None and self.rank == 0:
@@ -124,6 +134,6 @@ class EpochSampler(DistributedSampler):
             log.info(
                 "epoch %d draws %s (source=mix)", self.epoch, ", ".join(f"{k} {v}" for k, v in drawn.items())
             )
-        rows = self.order()
+        blocks = self._blocks(self.epoch_rows(), self.start)
         self.start = 0
-        return zip(rows.tolist(), self.seeds(rows).tolist())
+        return (pair for rows, seeds in blocks for pair in zip(rows.tolist(), seeds.tolist()))

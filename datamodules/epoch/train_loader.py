@@ -14,6 +14,7 @@ from feedline.datamodules.epoch.checks import (
     lightning_position,
     shift_batches,
 )
+from feedline.datamodules.epoch.order import ORDER_RULE
 from feedline.datamodules.epoch.resume import ResumableLoader, Resuming
 from feedline.datamodules.epoch.sampler import EpochSampler
 from feedline.datamodules.knobs import check_steps
@@ -83,6 +84,7 @@ class TrainLoader:
             dataset.records, "order_identity", None
         )  # a source's own order: what it draws from
         counts["order"] = identity() if callable(identity) else None
+        counts["order_rule"] = ORDER_RULE
         content = getattr(dataset.records, "content_digest", None)  # a table's rows, beside the fields
         # in words where they say what changed (names, kinds, class counts), a digest for the rest (class
         # names, columns), and the table's content apart: a refusal then says which of them to undo

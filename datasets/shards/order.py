@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from feedline.datasets.orders import Order, feistel, half_bits, round_keys, window_keys
+
 
 def check_window(value, key: str = "source.window") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
@@ -28,18 +30,40 @@ def check_window(value, key: str = "source.window") -> int:
     return int(value)
 
 
-def chunk_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
-    """The split's samples in the order epoch ``epoch`` reads them (int64). ``bounds`` (C + 1): chunk c holds
-    the split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted, so each chunk's are a run)."""
-    bounds = np.asarray(bounds, dtype=np.int64)
-    sizes = np.diff(bounds)
-    window = min(int(window), max(1, len(sizes)))  # a window of every chunk (or more) is a global shuffle
-    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), 2])
-    chunks = rng.permutation(len(sizes))
-    lengths = sizes[chunks]
-    # the samples of the permuted chunks, one run each: start of its run + position within it
-    starts = np.repeat(bounds[chunks], lengths)
-    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    samples = starts + offsets
-    windows = np.repeat(np.arange(len(chunks), dtype=np.int64) // int(window), lengths)
-    return samples[np.lexsort((rng.random(len(samples)), windows))]
+class ChunkWindows(Order):
+    """The split's samples in the order epoch ``epoch`` reads them, read by position: O(chunks) memory.
+
+    The chunks are permuted (``rng.permutation``, O(C)); window w holds the samples of permuted chunks
+    ``w * window`` .. ``(w + 1) * window``, shuffled by a bijection of its own (``feistel``, keyed by
+    (seed, epoch, w)), so any position's sample is two binary searches and a few rounds of integer mixing."""
+
+    def __init__(self, bounds: np.ndarray, window: int, seed: int, epoch: int):
+        bounds = np.asarray(bounds, dtype=np.int64)
+        sizes = np.diff(bounds)
+        window = min(int(window), max(1, len(sizes)))  # a window of every chunk (or more) is a global shuffle
+        chunks = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), 2]).permutation(len(sizes))
+        self.starts = bounds[:-1][chunks]  # the split's first sample of each permuted chunk
+        self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)  # where each permuted chunk begins in the order
+        np.cumsum(sizes[chunks], out=self.cum[1:])
+        self.windows = self.cum[np.append(np.arange(0, len(sizes), window), len(sizes))]
+        wsizes = np.diff(self.windows)
+        self.bits = half_bits(wsizes)
+        self.wsizes = wsizes
+        self.keys = round_keys(seed, epoch, 3)
+
+    def __len__(self) -> int:
+        return int(self.cum[-1])
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        at = np.asarray(positions, dtype=np.int64)
+        w = np.searchsorted(self.windows, at, side="right") - 1
+        begin = self.windows[w]
+        shuffled = begin + feistel(at - begin, self.wsizes[w], window_keys(self.keys, w), self.bits[w])
+        k = np.searchsorted(self.cum, shuffled, side="right") - 1
+        return self.starts[k] + (shuffled - self.cum[k])
+
+
+def chunk_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -> ChunkWindows:
+    """The split's samples in the order epoch ``epoch`` reads them. ``bounds`` (C + 1): chunk c holds the
+    split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted, so each chunk's are a run)."""
+    return ChunkWindows(bounds, window, seed, epoch)
