@@ -167,9 +167,9 @@ def run(args) -> dict:
     rows = []
     for window in windows:
         if window == GLOBAL:
-            orders = [epoch_order(total, args.seed, epoch) for epoch in (0, 1)]
+            orders = [np.asarray(epoch_order(total, args.seed, epoch)) for epoch in (0, 1)]
         else:
-            orders = [chunk_order(bounds, window, args.seed, epoch) for epoch in (0, 1)]
+            orders = [np.asarray(chunk_order(bounds, window, args.seed, epoch)) for epoch in (0, 1)]
         for world in args.worlds:
             row = {"world": world, "window": window}
             row.update(measure(orders[0], orders[1], labels, chunk_of, world, args.batch_size))

@@ -1,7 +1,10 @@
 """The epoch order of a split kept in chunks: a pure function of (seed, epoch), touching few chunks at a time.
 
 A global shuffle reads every chunk in every batch. Here the chunks are permuted per epoch, cut into windows
-of ``window`` consecutive chunks of that permutation, and the samples of each window are shuffled together.
+of ``window`` consecutive chunks of that permutation, and the samples of each window are shuffled together
+by a bijection of the window's own (a Feistel network keyed by (seed, epoch, window), ``datasets/orders.py``).
+Nothing of the epoch is built: any position's sample is found from the chunk permutation (O(chunks)) alone,
+so a rank reads only the positions it reads.
 A stretch of the order no longer than a window's samples touches at most two windows, ``2 * window``
 chunks; a batch of B on each of W ranks is such a stretch of B * W entries (``datamodules/epoch/order.py``).
 Mixing inside a window is as good as the chunks are mixed: the shards writer writes in a seeded random
@@ -9,7 +12,7 @@ order (``out.shuffle``), so every chunk already holds a sample of the classes.
 
 Measured (``benchmarks/shard_mixing.py``: ImageNet-like, 1.28M samples in 2,209 chunks of 580, batch 256):
 on shuffled chunks a batch draws as many classes as a global shuffle's (226) at every window; what a small
-window keeps is the company: of a sample's 255 batchmates, 82 (window 1), 1.7 (8), 0.16 (32) share its batch
+window keeps is the company: of a sample's 255 batchmates, 81.6 (window 1), 1.7 (8), 0.16 (32) share its batch
 again the next epoch, against 0.05 for a global shuffle. On chunks sorted by class a batch draws 2 (window 1),
 12 (8), 43 (32), 76 (64) classes. The default, 32, is the smallest window within 4x of a global shuffle's
 repeats, at 64 chunks (4 GiB of 64 MB chunks) held at once.
