@@ -86,7 +86,7 @@ class SampleDataset(Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_floors"], state["_regions"] = {}, {}  # closures over the transforms: rebuilt where it reads
-        if state["bad"] is not None and not state["bad"].flags.is_shared():
+        if state["bad"] is not None and not state["bad"].shared:
             state["bad"] = None  # this process's own flags: a new process keeps its own
         return state
 
