@@ -42,6 +42,7 @@ from feedline.datasets.cache import (
     stale_dirs,
     temporary_prefix,
     write_array,
+    write_text,
 )
 from feedline.datasets.folder.packed import FolderIndex
 from feedline.datasets.folder.scan import TreeScan, scan_tree
@@ -70,9 +71,13 @@ def problem(directory: Path) -> str | None:
 
 def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
     """(the index, None) when it is sound, else (None, why not). Checks, in O(1) file reads: meta.json's
-    own checksum, each file against the checksum recorded when it was written (``cache.check_record``), and
-    the invariants a few numpy passes can afford at 1M entries: array lengths, offsets spanning paths.npy,
-    labels in range, class-major order, and per-class counts as meta.json says."""
+    own checksum, each file against the checksum recorded when it was written (``cache.check_record``), the
+    array lengths, offsets spanning paths.npy, the first and last labels in range, and the class counts
+    summing to the samples. The O(N) invariants of labels.npy (class-major order, per-class counts as
+    meta.json says) are checked once, in blocks, and recorded in meta.json (``arrays_checked``): a build
+    records them as it writes them, and the first process to open an index written otherwise (an older
+    feedline, another tool) checks and records them for every rank after it. The records pin the files'
+    contents, so a rank opens a checked index without reading its labels."""
     meta_path = directory / "meta.json"
     if not meta_path.exists():  # no directory: never built (quietly); a directory without it: damaged
         return None, "meta.json is missing" if directory.exists() else "missing"
@@ -95,14 +100,51 @@ def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
             return None, "offsets do not span paths.npy"
         if sum(counts) != n or len(counts) != len(meta["classes"]):
             return None, "class counts disagree with meta.json"
-        if n and (labels[0] < 0 or labels[-1] >= len(counts) or np.any(labels[1:] < labels[:-1])):
+        if n and (labels[0] < 0 or labels[-1] >= len(counts)):
             return None, "labels.npy is not in class-major order within the classes"
-        if n and not np.array_equal(np.bincount(labels, minlength=len(counts)), counts):
-            return None, "labels.npy disagrees with the class counts in meta.json"
+        if not meta.get("arrays_checked"):
+            reason = _labels_problem(labels, counts)
+            if reason:
+                return None, reason
+            index.meta = _record_checked(directory, meta)
         index.dirs()  # parsed here, once: a garbled signature means rebuild
     except Exception as err:  # any unreadable piece means: rebuild, never crash
         return None, f"{type(err).__name__}: {err}"
     return index, None
+
+
+CHECK_BLOCK = 1 << 20  # labels per block of the O(N) check: its temporaries stay under 10 MB at any size
+
+
+def _labels_problem(labels: np.ndarray, counts: list[int]) -> str | None:
+    """Why ``labels`` (first and last already in range) is not class-major with these per-class counts, or
+    None. Read a block at a time."""
+    found = np.zeros(len(counts), dtype=np.int64)
+    last = labels[0] if len(labels) else 0
+    for start in range(0, len(labels), CHECK_BLOCK):
+        block = np.asarray(labels[start : start + CHECK_BLOCK])
+        if block[0] < last or np.any(block[1:] < block[:-1]):
+            return "labels.npy is not in class-major order within the classes"
+        found += np.bincount(block, minlength=len(counts))  # sorted, first and last in range: all are
+        last = block[-1]
+    if not np.array_equal(found, counts):
+        return "labels.npy disagrees with the class counts in meta.json"
+    return None
+
+
+def _record_checked(directory: Path, meta: dict) -> dict:
+    """``meta`` with the O(N) check recorded, written over meta.json where it is still the one checked (a
+    cache this process cannot write is checked again by the next process instead)."""
+    checked = dict(meta, arrays_checked=True)
+    checked["checksum"] = json_checksum(checked)
+    path = directory / "meta.json"
+    try:
+        if json.loads(path.read_text(encoding="utf-8")).get("checksum") == meta["checksum"]:
+            write_text(path, json.dumps(checked, ensure_ascii=False))
+    except (OSError, ValueError) as err:
+        log.info("could not record the check of %s (%s): the next process checks it again", directory, err)
+        return meta
+    return checked
 
 
 def build(root: str, extensions, dest: Path, workers="auto", key: str = "source.root") -> FolderIndex:
@@ -204,6 +246,7 @@ def _write(tmp: Path, root: str, extensions, scan: TreeScan, started: int, secon
         "unreadable_dirs": scan.unreadable,
         "skipped_entries": scan.odd,
         "files": {name: file_record(tmp / name, crc) for name, crc in crcs.items()},  # checked on every load
+        "arrays_checked": True,  # class-major with these counts: made so above (``_check``)
     }
     meta["checksum"] = json_checksum(meta)
     (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")  # last
