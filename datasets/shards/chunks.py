@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import mmap
 import os
 import stat
@@ -38,9 +39,12 @@ from feedline.datasets.shards.meta import (
     LABELS,
     SIDECAR,
     ChunkError,
+    ChunkIndex,
     as_store,
+    chunk_index,
     index_identity,
     index_layout,
+    load_chunk_index,
     load_index,
     read_sidecar,
 )
@@ -66,7 +70,38 @@ __all__ = [  # what readers, writers and tests import from here; each lives in i
 
 ARROW_TAIL = b"LDARW01\0"  # LitData's Arrow-footer chunks end so: their rows are not in the offsets table
 OPEN_MAPS = 64  # chunks open at once per process (a local one holds a file descriptor)
+STAT_BLOCK = 4096  # chunks stat'ed per task when every chunk is checked (``check_files``)
+STAT_THREADS = 8
 SAMPLE_HEAD = 16  # a sample's two uint32 sizes and its int64 label: no sample is shorter
+
+
+class ChunkFiles:
+    """The path of each chunk of a dataset's parts, from its index's arrays: ``names`` (fixed-width bytes,
+    mapped from the node's cache) in the folder of the part that holds it (``directories``, ``firsts``). A
+    sequence of str built on demand: a million chunks are not a million Python strings in every process."""
+
+    def __init__(self, directories: list[str], firsts: list[int], names: np.ndarray):
+        self.directories, self.firsts, self.names = [str(d) for d in directories], list(firsts), names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, c):
+        if isinstance(c, slice):
+            return [self[k] for k in range(*c.indices(len(self)))]
+        c = int(c)
+        if c < 0:
+            c += len(self)
+        if not 0 <= c < len(self):
+            raise IndexError(f"chunk {c} of {len(self)}")
+        d = bisect.bisect_right(self.firsts, c) - 1
+        return os.path.join(self.directories[d], self.names[c].decode())
+
+    def __iter__(self):
+        return (self[c] for c in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
 
 
 class Chunks:
@@ -85,7 +120,8 @@ class Chunks:
     named fields (``leaves.py``), read with ``read_sample``, and ``label_leaf`` the path of the int leaf that
     labels.npy records (a class target), or None (labels.npy holds 0 for every sample).
 
-    Pickles as paths and numbers, O(chunks + parts)."""
+    Pickles as paths and numbers, O(chunks + parts); read through the node's cache of its index
+    (``Chunks.of``), as the directories and that cache's path, O(parts)."""
 
     AGAIN = AGAIN  # what to do about a chunk that is missing or not what index.json says
 
@@ -99,11 +135,15 @@ class Chunks:
         identity: dict | None = None,
         layout=None,
         label_leaf=None,
+        starts=None,
     ):
-        self.files = list(files)
+        self.files = files if isinstance(files, ChunkFiles) else list(files)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        if starts is None:
+            starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self._index = None  # the node's cache of the index these arrays are mapped from (pickled as its path)
         self.parts = [int(first) for first in parts]  # each part's first chunk
         # per part, (labels.npy to map, its name in messages): every sample read is checked against it
         self.label_files = [tuple(entry) for entry in labels] if labels else []
@@ -119,29 +159,52 @@ class Chunks:
         self._pid = None
 
     @classmethod
-    def of(cls, directories: list[str], label_leaf=None) -> Chunks:
-        files, sizes, nbytes, parts, identity = [], [], [], [], {}
-        layout = part_layouts(directories, index_layout)
-        for directory in directories:
-            identity[directory] = index_identity(directory)
-            parts.append(len(files))
-            for chunk in load_index(directory):
-                files.append(os.path.join(directory, chunk["filename"]))
-                sizes.append(chunk["chunk_size"])
-                nbytes.append(chunk["chunk_bytes"])
+    def of(cls, directories: list[str], label_leaf=None, cache_dir=None) -> Chunks:
+        """The chunks of the local dataset ``directories`` (its parts, in order). Their index.json files are
+        parsed and checked once per node, and cached under ``cache_dir`` (``meta.chunk_index``); every other
+        process maps the cached arrays."""
+        directories = [str(d) for d in directories]
         labels = [(os.path.join(d, LABELS),) * 2 for d in directories]
         if not all(os.path.isfile(path) for path, _ in labels):
-            labels = None  # being written (the writer reads the labels back from the chunks)
-        return cls(files, sizes, nbytes, parts, labels, identity, layout, label_leaf)
+            labels = None  # being written (the writer reads the labels back from the chunks): nothing cached
+        index = chunk_index(
+            directories, lambda parts: part_layouts(parts, index_layout), cache_dir, cache=labels is not None
+        )
+        return cls._of_index(directories, index, labels, label_leaf)
+
+    @classmethod
+    def _of_index(cls, directories, index: ChunkIndex, labels, label_leaf) -> Chunks:
+        identity = dict(zip(directories, index.stats or [index_identity(d) for d in directories]))
+        files = ChunkFiles(directories, index.firsts, index.names)
+        chunks = cls(
+            files, index.sizes, index.nbytes, index.firsts, labels, identity, index.layout, label_leaf,
+            index.starts,
+        )  # fmt: skip
+        chunks._index = index.where
+        return chunks
 
     def __getstate__(self):
+        if self._index is not None and isinstance(self.files, ChunkFiles):  # the cache's path, not its arrays
+            return {
+                "index": self._index, "directories": self.files.directories, "labels": self.label_files,
+                "identity": self.identity, "label_leaf": self.label_leaf,
+            }  # fmt: skip
         return (
             self.files, self.sizes, self.nbytes, self.parts, self.label_files, self.identity, self.layout,
             self.label_leaf,
         )  # fmt: skip
 
     def __setstate__(self, state):
-        self.__init__(*state)
+        if not isinstance(state, dict):
+            self.__init__(*state)
+            return
+        directories = state["directories"]
+        index = load_chunk_index(state["index"])
+        if index is None:  # the cache was cleared meanwhile: read again (a replaced one is refused on open)
+            index = chunk_index(directories, lambda parts: part_layouts(parts, index_layout))
+        then = [tuple(state["identity"][d]) for d in directories]  # what the run read, not what is there now
+        chunks = self._of_index(directories, index._replace(stats=then), state["labels"], state["label_leaf"])
+        self.__dict__.update(chunks.__dict__)
 
     @property
     def total(self) -> int:
@@ -166,9 +229,22 @@ class Chunks:
 
     # -- the checks: one path for every backend -------------------------------------------------------------
     def check_files(self) -> None:
-        """Every chunk present with the size index.json gives it, or a ChunkError naming it."""
-        for c in range(len(self.files)):
-            self._checked_size(c, self._size_now(c))
+        """Every chunk present with the size index.json gives it, or a ChunkError naming the first that is
+        not. Once per node (``prepare``): the stats are made by a few threads, blocks of chunks at a time (a
+        network file system answers each in a round trip), and checked in order."""
+        count = len(self.files)
+        if count < 2 * STAT_BLOCK:
+            for c in range(count):
+                self._checked_size(c, self._size_now(c))
+            return
+
+        def sizes(a: int) -> list:
+            return [self._size_now(c) for c in range(a, min(count, a + STAT_BLOCK))]
+
+        with concurrent.futures.ThreadPoolExecutor(STAT_THREADS) as pool:
+            for a, block in zip(range(0, count, STAT_BLOCK), pool.map(sizes, range(0, count, STAT_BLOCK))):
+                for c, size in enumerate(block, a):
+                    self._checked_size(c, size)
 
     def _checked_size(self, c: int, size: int | None) -> None:
         if size is None:

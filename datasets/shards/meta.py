@@ -23,9 +23,15 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
+from typing import NamedTuple
 
+import numpy as np
+
+from feedline.datasets.cache import cache_path, check_array, json_checksum, save_array, write_text
 from feedline.datasets.shards.fields import fields_of_schema
 from feedline.datasets.shards.leaves import LayoutError, layout_of
+from feedline.storage.cache_trust import UntrustedCacheError
 from feedline.storage.stores import LocalStore
 
 SIDECAR = "feedline.json"
@@ -71,7 +77,11 @@ def load_index(where, rel: str = "") -> list[dict]:
     the layout is one feedline reads and every entry is a chunk of this directory with whole counts."""
     store = as_store(where)
     shown = store.where(join(rel, "index.json"))
-    index = read_json(store, join(rel, "index.json"), ChunkError)
+    return _entries(read_json(store, join(rel, "index.json"), ChunkError), shown)
+
+
+def _entries(index: dict, shown: str) -> list[dict]:
+    """index.json's (``index``, read from ``shown``) chunks, each entry checked (``load_index``)."""
     if not isinstance(index.get("chunks"), list):
         raise ChunkError(f"{shown}: no list of chunks; {AGAIN}")
     config = index.get("config") or {}
@@ -156,6 +166,136 @@ def index_identity(directory: str) -> tuple[int, int]:
     """(inode, mtime_ns) of ``directory``'s index.json: a new conversion writes a new one."""
     st = os.stat(os.path.join(directory, "index.json"))
     return st.st_ino, st.st_mtime_ns
+
+
+# -- the chunk index, once per node ---------------------------------------------------------------------------
+# index.json lists one entry per chunk: 1.67 million of them for a billion samples, tens of MB of JSON and
+# seconds of checks. It is parsed and checked once per node (the first process to read this version of it)
+# into arrays cached beside feedline's other caches, and every other process maps them (``chunk_index``).
+INDEX_FORMAT = 1  # of the cached arrays
+INDEX_ARRAYS = ("sizes", "nbytes", "starts", "names")
+
+
+class ChunkIndex(NamedTuple):
+    """What index.json says of each chunk of a dataset's parts, as arrays (memory-mapped where cached):
+    ``sizes`` (samples), ``nbytes`` (file size), ``starts`` (first row of each chunk, and the total last),
+    ``names`` (file names, fixed-width bytes), ``firsts`` (each part's first chunk), ``layout`` (the parts'
+    one sample layout, ``sample_layout``), ``stats`` (per part, what its index.json was: (inode, mtime_ns)),
+    ``where``: the cache directory that holds the arrays, or None (parsed in this process, not cached)."""
+
+    sizes: np.ndarray
+    nbytes: np.ndarray
+    starts: np.ndarray
+    names: np.ndarray
+    firsts: list[int]
+    layout: list | None
+    stats: list[tuple[int, int]]
+    where: str | None
+
+
+def _index_key(directories: list[str]) -> tuple[list, list[tuple[int, int]]]:
+    """What each part's index.json is now (real path, size, mtime_ns, inode, ctime_ns): the cache's key; and
+    its (inode, mtime_ns), what a chunk checks its dataset by before it is opened (``Chunks._check_current``)."""
+    key, stats = [], []
+    for directory in directories:
+        st = os.stat(os.path.join(directory, "index.json"))
+        key.append([os.path.realpath(directory), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns])
+        stats.append((st.st_ino, st.st_mtime_ns))
+    return key, stats
+
+
+def parse_index(directories: list[str], layouts) -> ChunkIndex:
+    """Every chunk of ``directories`` (a dataset's parts, in order) from their index.json files, each entry
+    checked (``load_index``): the per-chunk parser, run once per node. ``layouts(parts)``: the parts' one
+    sample layout (``chunks.part_layouts``), checked before any entry."""
+    layout = layouts(directories)
+    sizes, nbytes, names, firsts = [], [], [], []
+    for directory in directories:
+        firsts.append(len(names))
+        for chunk in load_index(directory):
+            names.append(chunk["filename"].encode())
+            sizes.append(chunk["chunk_size"])
+            nbytes.append(chunk["chunk_bytes"])
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return ChunkIndex(
+        sizes,
+        np.asarray(nbytes, dtype=np.int64),
+        starts,
+        np.asarray(names, dtype=bytes) if names else np.zeros(0, dtype="S1"),
+        firsts,
+        layout,
+        [],
+        None,
+    )
+
+
+def chunk_index(directories: list[str], layouts, cache_dir=None, cache: bool = True) -> ChunkIndex:
+    """The chunks of the local dataset ``directories`` (its parts, in order): the arrays cached for their
+    index.json files as they are now (their path, size, mtime and inode), mapped, or parsed and checked here
+    (``parse_index``) and cached for the node's other processes. ``cache=False``, or a cache that cannot be
+    written (a read-only disk): parsed, not cached. A cache directory of another user is refused by name."""
+    directories = [str(d) for d in directories]
+    try:
+        key, stats = _index_key(directories)
+    except OSError:  # no index.json: the parser says so, as it always did
+        return parse_index(directories, layouts)
+    where = None
+    if cache:
+        try:
+            where = cache_path("shards-index", os.path.basename(directories[0].rstrip("/")), key, cache_dir)
+            found = load_chunk_index(where, key)
+            if found is not None:
+                return found._replace(stats=stats)
+        except UntrustedCacheError:
+            raise
+        except OSError:
+            where = None
+    parsed = parse_index(directories, layouts)._replace(stats=stats)
+    if where is None:
+        return parsed
+    try:
+        return _save_index(where, key, parsed)._replace(stats=stats)
+    except UntrustedCacheError:
+        raise
+    except OSError:  # a full or read-only disk: this process keeps what it parsed
+        return parsed
+
+
+def _save_index(where, key: list, parsed: ChunkIndex) -> ChunkIndex:
+    for name in INDEX_ARRAYS:
+        save_array(os.path.join(where, f"{name}.npy"), getattr(parsed, name))
+    meta = {"format": INDEX_FORMAT, "key": key, "firsts": parsed.firsts, "layout": parsed.layout}
+    meta["checksum"] = json_checksum(meta)
+    write_text(os.path.join(where, "index.json"), json.dumps(meta))  # written last: the entry is whole
+    return load_chunk_index(where, key) or parsed
+
+
+def load_chunk_index(where, key: list | None = None) -> ChunkIndex | None:
+    """The chunk index cached in ``where`` (each array mapped), when it is whole, unchanged since it was
+    written and (with ``key``) of those index.json files; else None. O(1): a stat per file."""
+    try:
+        with open(os.path.join(where, "index.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or meta.get("checksum") != json_checksum(meta):
+            return None
+        if meta.get("format") != INDEX_FORMAT or (key is not None and meta.get("key") != key):
+            return None
+        arrays = {}
+        for name in INDEX_ARRAYS:
+            path = os.path.join(where, f"{name}.npy")
+            if check_array(path) is not None:
+                return None
+            arrays[name] = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    return ChunkIndex(
+        firsts=[int(first) for first in meta["firsts"]],
+        layout=meta["layout"],
+        stats=[],
+        where=str(where),
+        **arrays,
+    )
 
 
 # -- feedline.json -------------------------------------------------------------------------------------------
@@ -257,10 +397,94 @@ def chunk_digests(sidecar: dict, entries: list[dict], shown: str) -> list[tuple[
     return [(algorithm, digests[name]) for name in names]
 
 
-def read_sidecar(where, rel: str = "") -> dict:
+SIDECAR_FORMAT = 1  # of a sidecar's cached copy
+
+
+class RecordedDigests(Mapping):
+    """A local sidecar's ``chunk_digests["chunks"]`` as its cached copy gives it: how many there are (what
+    ``labels.check_counts`` compares) without the digests themselves; the first look at one reads the sidecar
+    whole (``read_sidecar(..., cache=False)``). A local chunk is never hashed: only a download needs them."""
+
+    def __init__(self, path: str, count: int):
+        self.path, self.count, self._digests = path, int(count), None
+
+    def _all(self) -> dict:
+        if self._digests is None:
+            directory = os.path.dirname(self.path)
+            self._digests = read_sidecar(directory, cache=False)["chunk_digests"]["chunks"]
+        return self._digests
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __reduce__(self):
+        return RecordedDigests, (self.path, self.count)
+
+
+def read_sidecar(where, rel: str = "", cache_dir=None, cache: bool = True) -> dict:
     """``rel``'s feedline.json, every field it holds of its type and range, or a ValueError naming the file
-    and the field."""
+    and the field.
+
+    A local sidecar is checked whole once per node, then read from a copy cached beside feedline's other
+    caches (keyed by its path, size, mtime and inode) without its chunks' digests: they are one per chunk
+    (150 MB of JSON for a billion samples), and only a download checks them (``RecordedDigests``)."""
     store = as_store(where)
+    if not cache or store.remote:
+        return _read_sidecar(store, rel)
+    path = store.where(join(rel, SIDECAR))
+    try:
+        st = os.stat(path)
+        key = [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        directory = cache_path("shards-sidecar", os.path.basename(os.path.dirname(key[0])), key, cache_dir)
+        found = _cached_sidecar(directory, key, path)
+    except UntrustedCacheError:
+        raise
+    except OSError:  # no sidecar (the reader says so), or no cache to write
+        return _read_sidecar(store, rel)
+    if found is not None:
+        return found
+    sidecar = _read_sidecar(store, rel)
+    body = {k: v for k, v in sidecar.items() if k != "chunk_digests"}
+    digests = sidecar.get("chunk_digests")
+    record = {"format": SIDECAR_FORMAT, "key": key, "sidecar": body}
+    if digests is not None:
+        record["digests"] = [digests["algorithm"], len(digests["chunks"])]
+    record["checksum"] = json_checksum(record)
+    try:
+        write_text(os.path.join(directory, SIDECAR), json.dumps(record))
+    except UntrustedCacheError:
+        raise
+    except OSError:
+        pass  # a full disk: read whole again next time
+    return sidecar
+
+
+def _cached_sidecar(directory, key: list, path: str) -> dict | None:
+    """The sidecar cached in ``directory`` for ``key``, or None."""
+    try:
+        with open(os.path.join(directory, SIDECAR), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("checksum") != json_checksum(record):
+        return None
+    if record.get("format") != SIDECAR_FORMAT or record.get("key") != key:
+        return None
+    sidecar = record["sidecar"]
+    if "digests" in record:
+        algorithm, count = record["digests"]
+        sidecar["chunk_digests"] = {"algorithm": algorithm, "chunks": RecordedDigests(path, count)}
+    return sidecar
+
+
+def _read_sidecar(store, rel: str) -> dict:
+    """``read_sidecar``, the whole file parsed and checked (every chunk's digest)."""
     shown = store.where(join(rel, SIDECAR))
     sidecar = read_json(store, join(rel, SIDECAR), ValueError)
     if sidecar.get("format") not in (FORMAT, FIELDS_FORMAT):
