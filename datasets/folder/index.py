@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -113,23 +114,40 @@ def _check(directory: Path) -> tuple[FolderIndex | None, str | None]:
     return index, None
 
 
-CHECK_BLOCK = 1 << 20  # labels per block of the O(N) check: its temporaries stay under 10 MB at any size
+CHECK_BLOCK = 1 << 20  # labels per block of the O(N) check: its temporaries, 1 MB and O(classes), at any size
 
 
 def _labels_problem(labels: np.ndarray, counts: list[int]) -> str | None:
     """Why ``labels`` (first and last already in range) is not class-major with these per-class counts, or
-    None. Read a block at a time."""
+    None. Read a block at a time; the pages read leave this process's memory after (``_release``)."""
+    try:
+        return _blockwise(labels, counts)
+    finally:
+        _release(labels)
+
+
+def _blockwise(labels: np.ndarray, counts: list[int]) -> str | None:
     found = np.zeros(len(counts), dtype=np.int64)
     last = labels[0] if len(labels) else 0
     for start in range(0, len(labels), CHECK_BLOCK):
         block = np.asarray(labels[start : start + CHECK_BLOCK])
         if block[0] < last or np.any(block[1:] < block[:-1]):
             return "labels.npy is not in class-major order within the classes"
-        found += np.bincount(block, minlength=len(counts))  # sorted, first and last in range: all are
+        # Sorted, its first and last in range: each class's count is where its run starts and ends.
+        starts = np.searchsorted(block, np.arange(len(counts), dtype=block.dtype))  # no wider copy of block
+        found += np.diff(starts, append=len(block))
         last = block[-1]
     if not np.array_equal(found, counts):
         return "labels.npy disagrees with the class counts in meta.json"
     return None
+
+
+def _release(array: np.ndarray) -> None:
+    """Unmap the pages of ``array``'s file map from this process (they stay in the page cache, and are mapped
+    again where read): a check of a 100M-row index leaves no 200 MB of labels in the checking rank's RSS."""
+    mapped = getattr(array, "_mmap", None)
+    if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def _record_checked(directory: Path, meta: dict) -> dict:
