@@ -110,13 +110,60 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def save_array(path: str | os.PathLike, array: np.ndarray) -> Path:
+def save_array(path: str | os.PathLike, array: np.ndarray, extra: dict | None = None) -> Path:
     """``np.save`` to ``path`` atomically (parents created), with a checksum record beside it
-    (``<path>.sum``) that ``check_array`` verifies."""
+    (``<path>.sum``) that ``check_array`` verifies; ``extra``: more fields for that record (what a reader
+    may then take from it instead of reading the array)."""
     path = Path(path)
     crc = _write_atomically(path, lambda f: write_array(f, array))
-    write_text(_sum_path(path), json.dumps(file_record(path, crc)))
+    write_text(_sum_path(path), json.dumps({**file_record(path, crc), **(extra or {})}))
     return path
+
+
+def save_blocks(path: str | os.PathLike, dtype, length: int, blocks, extra=None) -> Path:
+    """A 1-D ``.npy`` of ``length`` entries of ``dtype`` written atomically from ``blocks`` (an iterable of arrays,
+    in order), never held whole; the same file and record as ``save_array`` of their concatenation. ``extra``:
+    the record's further fields, or a callable that returns them once every block is written."""
+    path, dtype = Path(path), np.dtype(dtype)
+
+    def write(f) -> int:
+        out = _Checksummed(f)
+        header = {
+            "descr": np.lib.format.dtype_to_descr(dtype),
+            "fortran_order": False,
+            "shape": (int(length),),
+        }
+        np.lib.format.write_array_header_1_0(out, header)
+        written = 0
+        for block in blocks:
+            block = np.ascontiguousarray(block, dtype=dtype)
+            out.write(block.data)
+            written += len(block)
+        if written != length:
+            raise ValueError(f"{path.name}: {written} entries written, {length} announced")
+        return out.crc
+
+    crc = _write_atomically(path, write)
+    extra = extra() if callable(extra) else extra
+    write_text(_sum_path(path), json.dumps({**file_record(path, crc), **(extra or {})}))
+    return path
+
+
+def array_record(path: str | os.PathLike) -> dict | None:
+    """The record ``save_array`` wrote beside ``path``, or None where it is missing or unreadable."""
+    try:
+        record = json.loads(_sum_path(Path(path)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def add_to_record(path: str | os.PathLike, fields: dict) -> None:
+    """Add ``fields`` to the record beside ``path`` (its checksum and stat fields kept): what was learned of the
+    file after it was written (by a full read that found it sound)."""
+    record = array_record(path)
+    if record is not None:
+        write_text(_sum_path(Path(path)), json.dumps({**record, **fields}))
 
 
 def check_array(path: str | os.PathLike) -> str | None:

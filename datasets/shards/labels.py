@@ -3,11 +3,15 @@ must agree with: read once, checked before any sample is."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
+import json
 import os
 
 import numpy as np
 
+from feedline.datasets.cache import write_text
 from feedline.datasets.shards.meta import AGAIN, LABELS, SIDECAR, as_store, join
 
 
@@ -66,3 +70,103 @@ def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: i
             f"{shown}: {SIDECAR} records the digests of {digests} chunks, index.json lists {chunks}: its files are "
             f"not of one conversion (copied together from two, or edited); {AGAIN}"
         )
+
+
+BLOCK = 1 << 24  # labels read at once where all of them are
+
+
+def label_facts(index_files, parts, classes: int) -> dict:
+    """What a rank needs of a dataset's labels, read once (a block at a time, never concatenated): ``digest``,
+    the blake2b of its index.json files' bytes (``index_files``: callables returning them) and of every label as
+    int64, in order (the split cache's key: another write order is another split); ``min`` and ``max`` (None:
+    no label); ``counts``, the samples of each label, where every label is in ``[0, classes)`` (else None)."""
+    h = hashlib.blake2b(digest_size=8)
+    for read in index_files:
+        h.update(read())
+    low = high = None
+    counts = np.zeros(0, dtype=np.int64)
+    for part in parts:
+        for a in range(0, len(part), BLOCK):
+            block = np.asarray(part[a : a + BLOCK])
+            h.update(np.ascontiguousarray(block, dtype=np.int64).data)
+            lo, hi = int(block.min()), int(block.max())
+            low, high = (lo, hi) if low is None else (min(low, lo), max(high, hi))
+            if counts is not None and lo >= 0 and hi < classes:
+                add = np.bincount(block.astype(np.intp, copy=False), minlength=classes)
+                counts = add if not len(counts) else counts + add
+            else:
+                counts = None
+    return {
+        "digest": h.hexdigest(),
+        "min": low,
+        "max": high,
+        "counts": None if counts is None else counts.tolist() if len(counts) else [0] * classes,
+    }
+
+
+def file_stamps(paths) -> list[list]:
+    """(path, size, mtime_ns, inode) of each file: what tells a file read before from one changed since."""
+    stamps = []
+    for path in paths:
+        st = os.stat(path)
+        stamps.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino])
+    return stamps
+
+
+def cached_facts(record_path, paths, compute, classes: int) -> dict:
+    """``label_facts`` of local files, from the record at ``record_path`` while every file in ``paths`` (its
+    index.json and labels.npy files) has the (size, mtime_ns, inode) recorded: a rank pays one stat per file.
+    Otherwise ``compute()``, recorded (the first process to read a dataset, once per node)."""
+    stamps = file_stamps(paths)
+    try:
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        if record.get("files") == stamps and (record["counts"] is not None or not _in_range(record, classes)):
+            return record
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, or unreadable: computed again
+    facts = compute()
+    with contextlib.suppress(OSError):  # a read-only cache: every start reads the labels, as it did
+        write_text(record_path, json.dumps({"files": stamps, **facts}))
+    return facts
+
+
+def _in_range(facts: dict, classes: int) -> bool:
+    return facts["min"] is None or 0 <= facts["min"] <= facts["max"] < classes
+
+
+def compact(labels: np.ndarray) -> np.ndarray:
+    """``labels`` in the narrowest of int16 and int32 that holds them (labels already in range): a stable argsort
+    of the same values gives the same order, numpy's radix sort for int16, and a quarter of the memory."""
+    high = int(labels.max(initial=0))
+    dtype = np.int16 if high < 2**15 else np.int32 if high < 2**31 else np.int64
+    return labels.astype(dtype)
+
+
+def class_order_at(parts, counts, idx) -> np.ndarray:
+    """``argsort(concatenate(parts), kind="stable")[idx]`` without the argsort, nor the concatenation, of every
+    label: the labels (``parts``, a dataset's labels.npy arrays in order) are read a block at a time, each block
+    sorted by class on its own (radix on int16), so memory is O(block + len(idx)), not 8 bytes per sample.
+    ``counts``: the samples of each class (every label in ``[0, len(counts))``)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    idx = np.asarray(idx, dtype=np.int64)
+    sorter = np.argsort(idx, kind="stable")
+    want = idx[sorter]  # class-major positions, ascending
+    out = np.empty(len(idx), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    seen = np.zeros(len(counts), dtype=np.int64)  # each class's samples in the blocks before
+    offset = 0
+    for part in parts if len(want) else []:
+        for a in range(0, len(part), BLOCK):
+            block = compact(np.asarray(part[a : a + BLOCK]))
+            local = np.argsort(block, kind="stable")  # the block's positions, class by class
+            n = np.bincount(block.astype(np.intp, copy=False), minlength=len(counts))
+            first = np.concatenate([[0], np.cumsum(n)[:-1]])  # where each class begins in ``local``
+            lo = np.searchsorted(want, starts + seen)
+            hi = np.searchsorted(want, starts + seen + n)
+            for c in np.flatnonzero(hi > lo):
+                at = want[lo[c] : hi[c]] - starts[c] - seen[c] + first[c]
+                out[sorter[lo[c] : hi[c]]] = local[at] + offset + a
+            seen += n
+        offset += len(part)
+    return out

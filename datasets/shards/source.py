@@ -15,10 +15,11 @@ import hashlib
 import json
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 
-from feedline.datasets.cache import cache_path, check_array, default_cache_dir, save_array
+from feedline.datasets.cache import array_record, cache_path, check_array, default_cache_dir, save_array
 from feedline.datasets.options import ShardsOptions as _O  # the defaults, written once
 from feedline.datasets.overlap.same_data import check_own
 from feedline.datasets.paths import require_dir
@@ -26,11 +27,24 @@ from feedline.datasets.records import BadInput, Records, Source, check_class_nam
 from feedline.datasets.shards.cached import CachedChunks, cache_directory
 from feedline.datasets.shards.chunks import ChunkError, Chunks
 from feedline.datasets.shards.fields import check_layout, fields_of_schema, record_of
-from feedline.datasets.shards.labels import check_counts, read_labels
-from feedline.datasets.shards.meta import FIELDS_FORMAT, LABELS, read_sidecar
+from feedline.datasets.shards.labels import (
+    cached_facts,
+    check_counts,
+    class_order_at,
+    label_facts,
+    read_labels,
+)
+from feedline.datasets.shards.meta import FIELDS_FORMAT, LABELS, join, read_sidecar
 from feedline.datasets.shards.order import check_window, chunk_order
 from feedline.datasets.shards.parts import check_parts, dataset_parts
-from feedline.datasets.splits import check_fractions, check_seed, check_split, no_test_split, subset_for
+from feedline.datasets.splits import (
+    check_fractions,
+    check_seed,
+    check_split,
+    no_test_split,
+    split_rows,
+    subset_for,
+)
 from feedline.storage.chunk_cache import ChunkCache
 from feedline.storage.sizes import describe, parse_bytes
 from feedline.storage.stores import LocalStore, S3Store, is_url
@@ -65,10 +79,43 @@ class ShardsRecords(Records):
         return self.chunks.where(row)
 
     def _bounds(self) -> np.ndarray:
-        """Chunk c holds this split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted)."""
-        rows = self.subset.array if self.subset is not None else None
+        """Chunk c holds this split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted): saved
+        beside a cached split by ``prepare`` (``keep_bounds``) and mapped, else found in its rows (a binary
+        search per chunk, which touches a page of the row file per chunk)."""
         starts = self.chunks.starts
-        return starts if rows is None else np.searchsorted(rows, starts)
+        if self.subset is None:
+            return starts
+        saved = self._saved_bounds()
+        return saved if saved is not None else np.searchsorted(self.subset.array, starts)
+
+    def _bounds_path(self) -> Path | None:
+        path = getattr(self.subset, "path", None)  # a cached split's row file
+        return None if path is None else Path(path).with_name(Path(path).stem + "-bounds.npy")
+
+    def _saved_bounds(self) -> np.ndarray | None:
+        """The bounds ``keep_bounds`` saved for this very row file (its checksum in their record), or None.
+        O(1): two small records, a stat, and the first and last bounds."""
+        path = self._bounds_path()
+        if path is None or check_array(path) is not None:
+            return None
+        rows = array_record(self.subset.path)
+        if rows is None or (array_record(path) or {}).get("rows_crc32") != rows.get("crc32"):
+            return None
+        try:
+            bounds = np.load(path, mmap_mode="r")
+        except (OSError, ValueError, EOFError):
+            return None
+        starts = self.chunks.starts
+        if bounds.shape != starts.shape or bounds.dtype != np.int64 or (len(bounds) and bounds[0] != 0):
+            return None
+        return bounds if not len(bounds) or bounds[-1] == len(self) else None
+
+    def keep_bounds(self) -> None:
+        """Save this split's bounds beside its cached rows (``prepare``, once per node), where they are not."""
+        if self._bounds_path() is not None and self._saved_bounds() is None:
+            rows = array_record(self.subset.path) or {}
+            bounds = np.searchsorted(self.subset.array, self.chunks.starts).astype(np.int64)
+            save_array(self._bounds_path(), bounds, {"rows_crc32": rows.get("crc32")})
 
     def order_identity(self) -> str:
         """What ``epoch_order`` draws from besides (seed, epoch): the window, how the split's samples lie in
@@ -146,13 +193,10 @@ class ShardsSource(Source):
         if sidecars[0]["format"] == FIELDS_FORMAT:
             shown = store.where(f"{parts[0]}/feedline.json" if parts[0] else "feedline.json")
             fields = fields_of_schema(sidecars[0]["fields"], sidecars[0]["target"], shown)
-        labels = [read_labels(store, rel) for rel in parts]
-        index = hashlib.blake2b(digest_size=8)
-        for rel in parts:
-            index.update(store.read(f"{rel}/index.json" if rel else "index.json"))
-        for part in labels:  # another write order: another split
-            index.update(np.ascontiguousarray(part, dtype=np.int64).data)
-        identity = [index.hexdigest(), [sidecar["samples"] for sidecar in sidecars]]
+        labels = [read_labels(store, rel) for rel in parts]  # local: mapped, never read here
+        strata = strata_of(fields, classes)
+        facts = self._label_facts(store, parts, labels, path, len(strata))
+        identity = [facts["digest"], [sidecar["samples"] for sidecar in sidecars]]
         label_leaf = (
             (fields.target,) if fields is not None and fields[fields.target].kind == "class" else None
         )
@@ -167,11 +211,9 @@ class ShardsSource(Source):
             check_layout(chunks.layout, fields, sidecars[0]["fields"], f"{key} '{path}'")
         for rel, sidecar, part, (n, samples) in zip(parts, sidecars, labels, chunks.part_totals()):
             check_counts(store.where(rel), sidecar, n, samples, len(part))
-        labels = np.concatenate(labels)
-        strata = strata_of(fields, classes)
-        if len(labels) and not 0 <= labels.min() <= labels.max() < len(strata):
+        if facts["min"] is not None and not 0 <= facts["min"] <= facts["max"] < len(strata):
             raise ValueError(
-                f"{key} '{path}': {LABELS} holds labels {labels.min()}..{labels.max()} for {len(strata)} "
+                f"{key} '{path}': {LABELS} holds labels {facts['min']}..{facts['max']} for {len(strata)} "
                 f"{'classes' if strata is classes else 'stratum (its target has no class per sample)'}: convert "
                 f"it again"
             )
@@ -187,11 +229,27 @@ class ShardsSource(Source):
             "written": written,
             "classes": classes,
             "chunks": chunks,
-            "labels": labels,
+            "labels": labels,  # one array per part (a local one mapped), read only where a split is drawn
+            "counts": np.asarray(facts["counts"], dtype=np.int64),
             "identity": identity,
             "fields": fields,
             "strata": strata,
         }
+
+    def _label_facts(self, store, parts: list[str], labels: list, path: str, classes: int) -> dict:
+        """``labels.label_facts`` of the dataset: for local files, computed by the first process that reads
+        them and recorded beside the split cache, keyed by each file's (size, mtime_ns, inode), so a rank pays
+        a stat per file, never a read of labels.npy; a remote dataset's labels are read whole anyway."""
+        names = [f"{rel}/index.json" if rel else "index.json" for rel in parts]
+
+        def compute() -> dict:
+            return label_facts([lambda name=name: store.read(name) for name in names], labels, classes)
+
+        if store.remote:
+            return compute()
+        record = cache_path("shards-labels", _basename(path), [path], self.cache_dir) / "labels.json"
+        files = [store.where(name) for name in names] + [store.where(join(rel, LABELS)) for rel in parts]
+        return cached_facts(record, files, compute, classes)
 
     def _chunks(
         self,
@@ -249,7 +307,8 @@ class ShardsSource(Source):
         return self._dataset(self.path, "source.path")["fields"]
 
     def prepare(self) -> None:
-        """Check every chunk is there with its size (one stat each), and the held-out files' classes."""
+        """Check every chunk is there with its size (one stat each), and the held-out files' classes; draw the
+        seeded splits (``_draw_splits``)."""
         for path, key in (
             (self.path, "source.path"),
             (self.val_path, "source.val_path"),
@@ -271,6 +330,18 @@ class ShardsSource(Source):
                         f"{key} '{path}' has classes {dataset['classes'][:10]}, source.path {self.classes[:10]}: "
                         f"a held-out dataset must be converted with the classes of the training one"
                     )
+        self._draw_splits()
+
+    def _draw_splits(self) -> None:
+        """The seeded splits of source.path, drawn and cached here, once per node, never in a rank's setup,
+        with each split's bounds in the chunks (what its epoch order reads)."""
+        if not self.val_fraction and not self.test_fraction:
+            return
+        dataset = self._dataset(self.path, "source.path")
+        names = ["train"] + [n for n, own in (("val", self.val_path), ("test", self.test_path)) if not own]
+        for name in names if self.test_fraction else [n for n in names if n != "test"]:
+            subset = self._drawn(name, self.path, dataset, split_rows)
+            ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"]).keep_bounds()
 
     def _check_held_out(self, path: str, key: str) -> None:
         """A held-out dataset is not (a part of) the training one: it would be scored on samples trained on."""
@@ -300,16 +371,23 @@ class ShardsSource(Source):
             path,
             "source.test_path" if name == "test" and own else "source.val_path" if own else "source.path",
         )
-        subset = None
-        if not own:
-            labels, strata = dataset["labels"], dataset["strata"]
-            counts = np.bincount(labels, minlength=len(strata))
-            order = np.argsort(labels, kind="stable")
-            cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
-            subset = subset_for(
-                name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, strata
-            )
+        subset = None if own else self._drawn(name, path, dataset, subset_for)
         return ShardsRecords(dataset["chunks"], self.window, subset, dataset["written"], dataset["fields"])
+
+    def _drawn(self, name: str, path: str, dataset: dict, rows=subset_for):
+        """The rows of seeded split ``name`` of the dataset at ``path``: drawn once (in ``prepare``), then read
+        back from the split cache. The counts come from the labels' record; the labels are read only where the
+        split is drawn, a block at a time (``class_order_at``)."""
+        strata = dataset["strata"]
+        counts = np.zeros(len(strata), dtype=np.int64)
+        counts[: len(dataset["counts"])] = dataset["counts"]
+
+        def order(idx: np.ndarray) -> np.ndarray:  # argsort(labels, kind="stable")[idx], a block at a time
+            return class_order_at(dataset["labels"], counts, idx)
+
+        cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
+        extra = (strata,) if rows is subset_for else ()
+        return rows(name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, *extra)
 
     def __repr__(self) -> str:
         return f"ShardsSource(path={self.path!r}, val_fraction={self.val_fraction})"
