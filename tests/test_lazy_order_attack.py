@@ -6,9 +6,11 @@ statistics. Tests marked xfail(strict) describe a defect: they pass once it is f
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -460,3 +462,49 @@ def test_lenient_skips_the_rest_of_an_earlier_rules_epoch_with_workers(tmp_path,
     assert digests(lenient) == []
     lenient.sampler.set_epoch(1)
     assert len(digests(lenient)) == 2
+
+
+# -- positions outside the order ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """A TimeoutError raised inside the block after ``seconds`` (the cycle-walk is a Python loop)."""
+
+    def expire(*_):
+        raise TimeoutError(f"still walking after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_position_past_a_chunk_windows_order_is_an_index_error():
+    with deadline(5), pytest.raises(IndexError):
+        chunk_order(chunks([3, 2]), 1, 0, 0).take(np.array([5]))
+    with deadline(5), pytest.raises(IndexError):
+        list(
+            EpochSampler(
+                10, 1, 0, True, 0, False, epoch_order=lambda s, e: chunk_order(chunks([4, 4]), 1, s, e)
+            )
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Permutation.take (feistel) of a position outside [0, size) cycle-walks forever when the position's "
+    "cycle of the Feistel domain stays outside (5, 16, 100, -1 for a size of 5) and returns another position's row "
+    "for the others (6 -> the row of some position < 5); a sampler whose size exceeds its source's order then "
+    "hangs without a word instead of refusing the mismatch (before, the whole array was read)",
+)
+@pytest.mark.parametrize("case", ["take", "sampler"])
+def test_a_position_outside_a_permutation_or_an_order_shorter_than_the_epoch_is_refused(case):
+    if case == "take":
+        for p in (5, 6, 16, -1):
+            with deadline(1), pytest.raises((IndexError, ValueError)):
+                Permutation(5, 0, 0).take(np.array([p]))
+    else:
+        with deadline(1), pytest.raises((IndexError, ValueError)):
+            list(EpochSampler(10, 1, 0, True, 0, False, epoch_order=lambda s, e: Permutation(8, s, e)))
