@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -77,10 +78,25 @@ def feedline_rank(spec: dict) -> dict:
     stage("first")
     out = {"stages": stages, "seconds": sum(stages.values()), "peak": _peak(), "imported": imported}
     out.update(first=[int(i) for i, _ in batch[:8]], batches=len(loader), epoch_samples=loader.sampler.size)
+    if spec.get("pickle_to"):  # what a spawned DataLoader worker is handed: the train dataset, pickled
+        with open(spec["pickle_to"], "wb") as f:
+            pickle.dump(loader.dataset, f)
     if spec.get("write_state"):  # halfway through the epoch, as a checkpoint taken there records it
         dm.position.batches = len(loader) // 2
         out["state"] = loader.state_dict()
     return out
+
+
+def feedline_worker(spec: dict) -> dict:
+    """A spawned DataLoader worker's start: it unpickles the train dataset; the indices come from its rank."""
+    import feedline.datamodules.image  # noqa: F401 - a worker imports feedline before it unpickles
+
+    imported, start = _peak(), time.perf_counter()
+    with open(spec["pickled"], "rb") as f:
+        dataset = pickle.load(f)
+    seconds = time.perf_counter() - start
+    return {"stages": {"worker": seconds}, "seconds": seconds, "peak": _peak(), "imported": imported,
+            "first": [], "pickled_bytes": os.path.getsize(spec["pickled"]), "epoch_samples": len(dataset)}  # fmt: skip
 
 
 def litdata_rank(spec: dict) -> dict:
@@ -124,7 +140,12 @@ def mosaic_rank(spec: dict) -> dict:
 
 
 def child(spec: dict) -> dict:
-    run = {"feedline": feedline_rank, "litdata": litdata_rank, "mosaic": mosaic_rank}[spec["who"]]
+    run = {
+        "feedline": feedline_rank,
+        "worker": feedline_worker,
+        "litdata": litdata_rank,
+        "mosaic": mosaic_rank,
+    }[spec["who"]]
     if not spec.get("profile"):
         return run(spec)
     import cProfile
@@ -167,7 +188,11 @@ def measure(kind: str, samples: int, path: str, cache: str, args) -> list[dict]:
     base = {"who": "feedline", "kind": kind, "path": path, "cache": cache, "world": args.world,
             "batch_size": args.batch_size, "val_fraction": args.val_fraction, "prepare": False}  # fmt: skip
     plan = [("first start (writes the split cache)", {**base, "rank": 0, "prepare": True})]
-    plan += [(f"rank {r}", {**base, "rank": r, "prepare": r == 0, "write_state": r == 0}) for r in args.ranks]
+    pickled = os.path.join(cache, "worker-dataset.pickle")
+    plan += [
+        (f"rank {r}", {**base, "rank": r, "prepare": r == 0, "write_state": r == 0, "pickle_to": pickled})
+        for r in args.ranks
+    ]
     forget_splits(cache)
     rows, state = [], None
     for label, spec in plan:
@@ -176,6 +201,9 @@ def measure(kind: str, samples: int, path: str, cache: str, args) -> list[dict]:
     spec = {**base, "rank": 0, "world": args.resume_world, "state": state}
     label = f"resume at half the epoch, world {args.world} -> {args.resume_world}, rank 0"
     rows.append({"kind": kind, "samples": samples, "row": label, **spawn(spec), **spec, "state": None})
+    spec = {**base, "who": "worker", "rank": args.ranks[-1], "pickled": pickled}
+    label = f"a spawned worker of rank {args.ranks[-1]} (unpickles the train dataset)"
+    rows.append({"kind": kind, "samples": samples, "row": label, **spec, **spawn(spec)})
     return rows
 
 
@@ -206,8 +234,8 @@ def measure_peers(samples: int, shards: str, mds: str, args) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = [
         "| dataset | samples | row | to first indices (s) | source | prepare | setup | loader | resume | first "
-        "| peak RSS (MiB) | less imports (MiB) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| worker | peak RSS (MiB) | less imports (MiB) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         s = r["stages"]
@@ -219,7 +247,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-STAGES = ("source", "prepare", "setup", "loader", "resume", "first")
+STAGES = ("source", "prepare", "setup", "loader", "resume", "first", "worker")
 
 
 def main() -> None:

@@ -15,8 +15,11 @@ def test_order_scale_measures_each_rank_and_a_resume_on_another_world(tmp_path):
         (kind, row)
         for kind in ("shards", "folder")
         for row in ("first start (writes the split cache)", "rank 0", "rank 7", "resume at half the epoch")
-    }
-    for r in rows:
+    } | {(kind, "a spawned worker of rank 7 (unpickles the train dataset)") for kind in ("shards", "folder")}
+    workers = [r for r in rows if r["who"] == "worker"]
+    assert all(r["stages"].keys() == {"worker"} and 0 < r["pickled_bytes"] < 100_000 for r in workers)
+    assert {r["epoch_samples"] for r in workers} == {r["epoch_samples"] for r in rows if r["row"] == "rank 7"}
+    for r in (r for r in rows if r["who"] != "worker"):
         assert set(r["stages"]) == STAGES and abs(r["seconds"] - sum(r["stages"].values())) < 1e-9
         assert r["peak"] >= r["imported"] > 0 and len(r["first"]) == 8
         assert r["epoch_samples"] == 18_000 if r["kind"] == "folder" else 0 < r["epoch_samples"] < 20_000
