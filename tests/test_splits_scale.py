@@ -190,3 +190,15 @@ def test_labels_changed_after_they_were_recorded_are_read_again(simulated, tmp_p
     np.save(path, labels)
     with pytest.raises(ValueError, match=r"holds labels 0\.\.5 for 5 classes"):
         ShardsSource(simulated, val_fraction=0.1, cache_dir=cache)
+
+
+def test_bounds_found_in_a_rank_without_prepare_are_saved_for_the_next_start(simulated, tmp_path):
+    cache = tmp_path / "cache"
+    train = ShardsSource(simulated, val_fraction=0.1, cache_dir=cache).split(
+        "train"
+    )  # no prepare: drawn here
+    found = train._bounds()
+    assert not isinstance(found, np.memmap)
+    assert np.array_equal(found, np.searchsorted(train.subset.array, train.chunks.starts))
+    again = ShardsSource(simulated, val_fraction=0.1, cache_dir=cache).split("train")._bounds()
+    assert isinstance(again, np.memmap) and np.array_equal(again, found)

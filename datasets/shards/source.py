@@ -11,6 +11,7 @@ like any other order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -81,12 +82,11 @@ class ShardsRecords(Records):
     def _bounds(self) -> np.ndarray:
         """Chunk c holds this split's samples ``bounds[c]:bounds[c + 1]`` (a split's rows are sorted): saved
         beside a cached split by ``prepare`` (``keep_bounds``) and mapped, else found in its rows (a binary
-        search per chunk, which touches a page of the row file per chunk)."""
-        starts = self.chunks.starts
+        search per chunk, which touches a page of the row file per chunk) and saved for the next start."""
         if self.subset is None:
-            return starts
+            return self.chunks.starts
         saved = self._saved_bounds()
-        return saved if saved is not None else np.searchsorted(self.subset.array, starts)
+        return saved if saved is not None else self.keep_bounds()
 
     def _bounds_path(self) -> Path | None:
         path = getattr(self.subset, "path", None)  # a cached split's row file
@@ -110,12 +110,17 @@ class ShardsRecords(Records):
             return None
         return bounds if not len(bounds) or bounds[-1] == len(self) else None
 
-    def keep_bounds(self) -> None:
-        """Save this split's bounds beside its cached rows (``prepare``, once per node), where they are not."""
-        if self._bounds_path() is not None and self._saved_bounds() is None:
-            rows = array_record(self.subset.path) or {}
-            bounds = np.searchsorted(self.subset.array, self.chunks.starts).astype(np.int64)
-            save_array(self._bounds_path(), bounds, {"rows_crc32": rows.get("crc32")})
+    def keep_bounds(self) -> np.ndarray:
+        """This split's bounds, saved beside its cached rows where they are not (``prepare``, once per node)."""
+        saved = self._saved_bounds()
+        if saved is not None:
+            return saved
+        bounds = np.searchsorted(self.subset.array, self.chunks.starts).astype(np.int64)
+        rows = array_record(self.subset.path) if self._bounds_path() is not None else None
+        if rows is not None:
+            with contextlib.suppress(OSError):  # a read-only cache: found again at every start
+                save_array(self._bounds_path(), bounds, {"rows_crc32": rows.get("crc32")})
+        return bounds
 
     def order_identity(self) -> str:
         """What ``epoch_order`` draws from besides (seed, epoch): the window, how the split's samples lie in
