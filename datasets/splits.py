@@ -121,7 +121,7 @@ def warn_untrained(classes, counts, fraction: float, test_fraction: float = 0.0)
         )
 
 
-BLOCK = 1 << 24  # rows per block where a split file is written or read whole
+BLOCK = 1 << 22  # rows per block where a split file is written or read whole
 
 
 def stratified_split(counts, fraction: float, seed: int, order=None, test_fraction: float = 0.0):
@@ -174,7 +174,9 @@ def _complement(total: int, held, block: int | None = None):
         for idx in held:
             lo, hi = np.searchsorted(idx, [a, b])
             keep[idx[lo:hi] - a] = False
-        yield np.flatnonzero(keep).astype(np.int64) + a
+        rows = np.flatnonzero(keep).astype(np.int64, copy=False)
+        rows += a
+        yield rows
 
 
 def split_digest(total: int, blocks) -> str:

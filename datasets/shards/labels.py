@@ -72,7 +72,7 @@ def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: i
         )
 
 
-BLOCK = 1 << 24  # labels read at once where all of them are
+BLOCK = 1 << 22  # labels read at once where all of them are (its temporaries: ~50 MB)
 
 
 def label_facts(index_files, parts, classes: int) -> dict:
@@ -160,8 +160,8 @@ def class_order_at(parts, counts, idx) -> np.ndarray:
         for a in range(0, len(part), BLOCK):
             block = compact(np.asarray(part[a : a + BLOCK]))
             local = np.argsort(block, kind="stable")  # the block's positions, class by class
-            n = np.bincount(block.astype(np.intp, copy=False), minlength=len(counts))
-            first = np.concatenate([[0], np.cumsum(n)[:-1]])  # where each class begins in ``local``
+            edges = np.searchsorted(block[local], np.arange(len(counts) + 1))
+            first, n = edges[:-1], np.diff(edges)  # where each class begins in ``local``, and its samples
             lo = np.searchsorted(want, starts + seen)
             hi = np.searchsorted(want, starts + seen + n)
             for c in np.flatnonzero(hi > lo):
