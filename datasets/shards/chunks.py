@@ -43,7 +43,6 @@ from feedline.datasets.shards.meta import (
     as_store,
     chunk_index,
     index_identity,
-    index_layout,
     load_chunk_index,
     load_index,
     read_sidecar,
@@ -167,9 +166,7 @@ class Chunks:
         labels = [(os.path.join(d, LABELS),) * 2 for d in directories]
         if not all(os.path.isfile(path) for path, _ in labels):
             labels = None  # being written (the writer reads the labels back from the chunks): nothing cached
-        index = chunk_index(
-            directories, lambda parts: part_layouts(parts, index_layout), cache_dir, cache=labels is not None
-        )
+        index = chunk_index(directories, part_layouts, cache_dir, cache=labels is not None)
         return cls._of_index(directories, index, labels, label_leaf)
 
     @classmethod
@@ -201,7 +198,7 @@ class Chunks:
         directories = state["directories"]
         index = load_chunk_index(state["index"])
         if index is None:  # the cache was cleared meanwhile: read again (a replaced one is refused on open)
-            index = chunk_index(directories, lambda parts: part_layouts(parts, index_layout))
+            index = chunk_index(directories, part_layouts)
         then = [tuple(state["identity"][d]) for d in directories]  # what the run read, not what is there now
         chunks = self._of_index(directories, index._replace(stats=then), state["labels"], state["label_leaf"])
         self.__dict__.update(chunks.__dict__)

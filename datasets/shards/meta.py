@@ -19,6 +19,8 @@ is read as before.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +33,7 @@ import numpy as np
 from feedline.datasets.cache import cache_path, check_array, json_checksum, save_array, write_text
 from feedline.datasets.shards.fields import fields_of_schema
 from feedline.datasets.shards.leaves import LayoutError, layout_of
-from feedline.storage.cache_trust import UntrustedCacheError
+from feedline.storage.cache_trust import UntrustedCacheError, make_private
 from feedline.storage.stores import LocalStore
 
 SIDECAR = "feedline.json"
@@ -40,6 +42,7 @@ FORMAT = "feedline-shards/1"  # (image bytes, int label) tuples
 FIELDS_FORMAT = "feedline-shards/2"  # dicts of named fields (``datasets/shards/leaves.py``, ``fields.py``)
 TUPLE = ["bytes", "int"]  # the data_format of a version-1 sample
 CHUNK = re.compile(r"chunk-\d+-\d+\.bin")  # LitData's chunk names: a plain name in the dataset's folder
+CHUNK_LINES = re.compile(rf"(?:{CHUNK.pattern}\n)*{CHUNK.pattern}")  # lines of them (no name holds a newline)
 MAX_BYTES = 2**32 - 1  # a chunk's offsets are uint32
 DIGEST = "sha256"  # how the writer digests each chunk (recorded with the digests)
 DIGESTS = {"sha256": 64, "blake2b": 128}  # the algorithms a sidecar may name: hex digits of a digest of each
@@ -94,8 +97,42 @@ def _entries(index: dict, shown: str) -> list[dict]:
                 f"compressed files already). Write the dataset again with python convert.py out.format=shards"
             )
     sample_layout(config, shown)
-    seen: set[str] = set()
+    if _entries_sound(index["chunks"]):
+        return index["chunks"]
+    seen: set[str] = set()  # one is not: the first that is not is named
     return [_checked_entry(entry, k, shown, seen) for k, entry in enumerate(index["chunks"])]
+
+
+def _entries_sound(entries: list) -> bool:
+    """Whether every entry passes ``_checked_entry``, checked a column at a time (a million entries in a
+    second): False where any may not, and ``_checked_entry`` then names the first that does not."""
+    try:
+        if not all(type(entry) is dict for entry in entries):
+            return False
+        names = [entry["filename"] for entry in entries]
+        columns = [[entry[key] for entry in entries] for key in ("chunk_size", "chunk_bytes")]
+    except KeyError:
+        return False
+    if not (all(type(name) is str for name in names) and _all_chunk_names(names)) or len(set(names)) != len(
+        names
+    ):
+        return False
+    for column, least in zip(columns, (0, 8)):
+        if not all(type(value) is int for value in column):
+            return False
+        try:
+            values = np.asarray(column, dtype=np.int64)
+        except OverflowError:
+            return False
+        if len(values) and not (least <= values.min() and values.max() <= MAX_BYTES):
+            return False
+    return True
+
+
+def _all_chunk_names(names: list[str]) -> bool:
+    """Whether each of ``names`` (str) is a chunk's name (``CHUNK``), with one match over them all."""
+    joined = "\n".join(names)
+    return not names or (joined.count("\n") == len(names) - 1 and CHUNK_LINES.fullmatch(joined) is not None)
 
 
 def sample_layout(config: dict, shown: str):
@@ -205,17 +242,21 @@ def _index_key(directories: list[str]) -> tuple[list, list[tuple[int, int]]]:
 
 
 def parse_index(directories: list[str], layouts) -> ChunkIndex:
-    """Every chunk of ``directories`` (a dataset's parts, in order) from their index.json files, each entry
-    checked (``load_index``): the per-chunk parser, run once per node. ``layouts(parts)``: the parts' one
-    sample layout (``chunks.part_layouts``), checked before any entry."""
-    layout = layouts(directories)
-    sizes, nbytes, names, firsts = [], [], [], []
+    """Every chunk of ``directories`` (a dataset's parts, in order) from their index.json files, each read
+    once and each entry checked (``load_index``): the per-chunk parser, run once per node. ``layouts(parts,
+    layout_of_part)``: the parts' one sample layout (``chunks.part_layouts``)."""
+    sizes, nbytes, names, firsts, layout_of = [], [], [], [], {}
     for directory in directories:
+        store = as_store(directory)
+        index = read_json(store, "index.json", ChunkError)
+        layout_of[directory] = sample_layout(index.get("config") or {}, "")  # as ``index_layout`` reads it
         firsts.append(len(names))
-        for chunk in load_index(directory):
+        for chunk in _entries(index, store.where("index.json")):
             names.append(chunk["filename"].encode())
             sizes.append(chunk["chunk_size"])
             nbytes.append(chunk["chunk_bytes"])
+        del index
+    layout = layouts(directories, layout_of.__getitem__)
     sizes = np.asarray(sizes, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return ChunkIndex(
@@ -251,15 +292,39 @@ def chunk_index(directories: list[str], layouts, cache_dir=None, cache: bool = T
             raise
         except OSError:
             where = None
-    parsed = parse_index(directories, layouts)._replace(stats=stats)
     if where is None:
-        return parsed
+        return parse_index(directories, layouts)._replace(stats=stats)
+    with _parsing(where):  # the node's processes that start together: one parses, the others map its arrays
+        found = load_chunk_index(where, key)
+        if found is not None:
+            return found._replace(stats=stats)
+        parsed = parse_index(directories, layouts)._replace(stats=stats)
+        try:
+            return _save_index(where, key, parsed)._replace(stats=stats)
+        except UntrustedCacheError:
+            raise
+        except OSError:  # a full or read-only disk: this process keeps what it parsed
+            return parsed
+
+
+@contextlib.contextmanager
+def _parsing(where):
+    """Held while one process parses an index into ``where``: an exclusive ``flock`` on a file there, which
+    the kernel releases when its holder dies. Without one (a file system that has no locks) each parses."""
+    fd = None
     try:
-        return _save_index(where, key, parsed)._replace(stats=stats)
+        make_private(str(where))
+        fd = os.open(os.path.join(where, ".parsing"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
     except UntrustedCacheError:
         raise
-    except OSError:  # a full or read-only disk: this process keeps what it parsed
-        return parsed
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _save_index(where, key: list, parsed: ChunkIndex) -> ChunkIndex:
@@ -365,7 +430,9 @@ def _check_digests(value, shown: str) -> None:
         raise bad('["algorithm"]', f"{algorithm!r} is not one of {', '.join(DIGESTS)}")
     if not isinstance(chunks, dict):
         raise bad('["chunks"]', f"is {type(chunks).__name__}, not an object of chunk names and digests")
-    for name, digest in chunks.items():
+    if _digests_sound(chunks, DIGESTS[algorithm]):
+        return
+    for name, digest in chunks.items():  # one is not: the first that is not is named
         if not CHUNK.fullmatch(name):
             raise bad(
                 '["chunks"]', f"names {name!r}, not a chunk of the dataset's folder (chunk-<w>-<n>.bin)"
@@ -375,6 +442,15 @@ def _check_digests(value, shown: str) -> None:
                 f'["chunks"][{name!r}]',
                 f"= {digest!r} is not a {algorithm} digest ({DIGESTS[algorithm]} hex digits)",
             )
+
+
+def _digests_sound(chunks: dict, digits: int) -> bool:
+    """Whether each of ``chunks`` is a chunk's name and a digest of ``digits`` hex digits, checked with one
+    match over all the names and one over all the digests."""
+    digests = list(chunks.values())
+    if not (_all_chunk_names(list(chunks)) and all(type(d) is str and len(d) == digits for d in digests)):
+        return False
+    return HEX.fullmatch("".join(digests)) is not None or not digests
 
 
 def chunk_digests(sidecar: dict, entries: list[dict], shown: str) -> list[tuple[str, str] | None]:
