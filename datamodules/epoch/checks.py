@@ -175,6 +175,11 @@ def other_order_rule(state, now: Mapping, position: tuple[int, int, int]) -> str
     samples = now.get("samples")
     if rule is None or then == rule or position[2] == 0 or (samples is not None and position[2] >= samples):
         return None
+    batches = _epoch_batches(samples, state.get("world_size"), state.get("batch_size"), now.get("drop_last"))
+    if (
+        batches is not None and position[1] >= batches
+    ):  # the epoch's last batch read (drop_last cuts the rest)
+        return None
     return (
         f"the checkpoint stands after {position[2]} samples of epoch {position[0]}, drawn by epoch order rule "
         f"{then!r} (an earlier feedline's), and this feedline draws rule {rule!r}: the same seed gives another "

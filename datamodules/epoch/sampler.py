@@ -100,32 +100,45 @@ class EpochSampler(DistributedSampler):
     def epoch_rows(self) -> Order:
         """``self.epoch``'s whole order, read by position (``datasets/orders.py``); nothing is built."""
         if self.epoch_order is not None and self.shuffle:
-            return as_order(self.epoch_order(self.seed, self.epoch))
+            order = as_order(self.epoch_order(self.seed, self.epoch))
+            if len(order) != self.size:
+                raise ValueError(
+                    f"the source's epoch order holds {len(order)} samples, but its epoch has {self.size}: its "
+                    "records' epoch_order and epoch_samples (or len) disagree; a source must draw exactly the "
+                    "samples it counts"
+                )
+            return order
         return epoch_order(self.size, self.seed, self.epoch, self.shuffle)
 
     def order(self) -> np.ndarray:
         """This rank's indices for ``self.epoch`` from ``start`` on, in the order they are read, as one array
         (for a look at a small split: iterating reads them a block at a time)."""
-        rows = [rows for rows, _ in self._blocks(self.epoch_rows(), self.start)]
+        rows = [rows for rows, _ in self._blocks(self.epoch_rows(), self.start, self._key())]
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
     def remaining(self, start: int) -> int:
         """The samples this rank reads of its epoch from ``start`` samples consumed on (no order built)."""
         return segment_length(self.size, start, self.num_replicas, self.drop_last) // self.num_replicas
 
-    def seeds(self, rows: np.ndarray) -> np.ndarray:
+    def seeds(self, rows: np.ndarray, key: np.uint64 | None = None) -> np.ndarray:
+        """Each row's seed in ``self.epoch`` (or the epoch of ``key``, ``_key()``)."""
+        key = self._key() if key is None else key
         with np.errstate(over="ignore"):
-            return (_epoch_key(self.seed, self.epoch, 0) + rows.astype(np.uint64) * _GOLDEN) >> np.uint64(1)
+            return (key + rows.astype(np.uint64) * _GOLDEN) >> np.uint64(1)
 
-    def _blocks(self, order: Order, start: int):
+    def _key(self) -> np.uint64:
+        return _epoch_key(self.seed, self.epoch, 0)
+
+    def _blocks(self, order: Order, start: int, key: np.uint64):
         """(rows, their seeds) of this rank's share from ``start`` on, ``BLOCK`` at a time: the first block is
-        one of the first batches, so the first indices wait on no more than that."""
+        one of the first batches, so the first indices wait on no more than that. Everything it reads is fixed
+        when it is made (a ``set_epoch`` while it is read changes nothing of it)."""
+        size, world, rank = self.size, self.num_replicas, self.rank
         count, first, step = self.remaining(start), 0, FIRST_BLOCK
         while first < count:
             stop = min(count, first + step)
-            at = rank_positions(self.size, start, self.num_replicas, self.rank, first, stop)
-            rows = order.take(at)
-            yield rows, self.seeds(rows)
+            rows = order.take(rank_positions(size, start, world, rank, first, stop))
+            yield rows, self.seeds(rows, key)
             first, step = stop, BLOCK
 
     def __iter__(self):
@@ -134,6 +147,6 @@ class EpochSampler(DistributedSampler):
             log.info(
                 "epoch %d draws %s (source=mix)", self.epoch, ", ".join(f"{k} {v}" for k, v in drawn.items())
             )
-        blocks = self._blocks(self.epoch_rows(), self.start)
+        blocks = self._blocks(self.epoch_rows(), self.start, self._key())
         self.start = 0
         return (pair for rows, seeds in blocks for pair in zip(rows.tolist(), seeds.tolist()))

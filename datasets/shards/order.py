@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from feedline.datasets.orders import Order, feistel, half_bits, round_keys, window_keys
+from feedline.datasets.orders import Order, check_positions, feistel, half_bits, round_keys, window_keys
 
 
 def check_window(value, key: str = "source.window") -> int:
@@ -58,7 +58,7 @@ class ChunkWindows(Order):
         return int(self.cum[-1])
 
     def take(self, positions: np.ndarray) -> np.ndarray:
-        at = np.asarray(positions, dtype=np.int64)
+        at = check_positions(positions, len(self))
         w = np.searchsorted(self.windows, at, side="right") - 1
         begin = self.windows[w]
         shuffled = begin + feistel(at - begin, self.wsizes[w], window_keys(self.keys, w), self.bits[w])
