@@ -223,7 +223,10 @@ def measure_peers(samples: int, shards: str, mds: str, args) -> list[dict]:
     if importlib.util.find_spec("litdata"):
         spec = {**base, "who": "litdata", "path": shards}
         rows.append({"kind": "shards", "samples": samples, "row": "LitData, rank 0", **spec, **spawn(spec)})
-    if os.path.exists(os.path.join(PEERS_DIR, "mosaic", ".installed")):
+    if samples > args.mosaic_max:  # its node leader builds the epoch's sample ids whole: ~60 B a sample
+        print(f"Mosaic Streaming at {samples:,} samples: not run (its epoch's ids would need about "
+              f"{samples * 60 / 1e9:.0f} GB in one process; --mosaic-max {args.mosaic_max:,})")  # fmt: skip
+    elif os.path.exists(os.path.join(PEERS_DIR, "mosaic", ".installed")):
         spec = {**base, "who": "mosaic", "path": mds}
         rows.append(
             {"kind": "mds", "samples": samples, "row": "Mosaic Streaming, rank 0", **spec, **spawn(spec)}
@@ -262,6 +265,7 @@ def main() -> None:
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--data-dir", default=os.path.join(HERE, ".data", "order-scale"))
     parser.add_argument("--peers", action="store_true", help="LitData's and Mosaic's rows too")
+    parser.add_argument("--mosaic-max", type=int, default=100_000_000, help="skip Mosaic's row above this")
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N of rank 0 of each")
     parser.add_argument("--quick", action="store_true", help="20k samples, batch 64 (for tests)")
     parser.add_argument("--json", default=None)
