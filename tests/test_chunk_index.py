@@ -114,3 +114,27 @@ def test_digests_are_read_where_a_download_needs_them(tmp_path):
     (out / "feedline.json").write_text(json.dumps(recorded))
     with pytest.raises(ValueError, match=r"\['chunk-0-1.bin'\] = 'ZZZ.*' is not a sha256 digest"):
         meta.read_sidecar(str(out))  # an edited sidecar is checked whole again
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"filename": "chunk-0-0.bin\nchunk-0-1.bin"}, r"chunks\[1\]: filename .* is not a chunk's name"),
+        ({"chunk_size": True}, r"chunks\[1\] \(chunk-0-1.bin\): chunk_size True is not a whole number"),
+        (
+            {"chunk_bytes": 2**32},
+            r"chunks\[1\] \(chunk-0-1.bin\): chunk_bytes 4294967296 is not a whole number",
+        ),
+        (
+            {"filename": "chunk-0-0.bin"},
+            r"chunks\[1\] \(chunk-0-0.bin\): filename 'chunk-0-0.bin' is listed twice",
+        ),
+    ],
+)
+def test_an_entry_the_column_checks_refuse_is_named_as_before(tmp_path, entry, words):
+    out, _ = simulated(tmp_path, 3)
+    index = json.loads((out / "index.json").read_text())
+    index["chunks"][1].update(entry)
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(meta.ChunkError, match=words):
+        Chunks.of([str(out)])
