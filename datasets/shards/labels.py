@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import io
 import json
+import mmap
 import os
 
 import numpy as np
@@ -75,6 +76,20 @@ def check_counts(shown: str, sidecar: dict, chunks: int, samples: int, labels: i
 BLOCK = 1 << 22  # labels read at once where all of them are (its temporaries: ~50 MB)
 
 
+def blocks(part: np.ndarray):
+    """(start, labels) of ``part`` a block at a time. A mapped file's pages are let go after each block, so a
+    pass over 8 GB of labels does not leave 8 GB of file pages in the process's memory."""
+    mm = getattr(part, "_mmap", None)
+    whole = isinstance(part, np.memmap) and mm is not None and part.base is mm and hasattr(mm, "madvise")
+    skip = part.offset % mmap.ALLOCATIONGRANULARITY if whole else 0  # where the array begins in the map
+    for a in range(0, len(part), BLOCK):
+        yield a, np.asarray(part[a : a + BLOCK])
+        if whole:
+            end = (skip + min(a + BLOCK, len(part)) * part.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_DONTNEED, 0, end)
+
+
 def label_facts(index_files, parts, classes: int) -> dict:
     """What a rank needs of a dataset's labels, read once (a block at a time, never concatenated): ``digest``,
     the blake2b of its index.json files' bytes (``index_files``: callables returning them) and of every label as
@@ -86,8 +101,7 @@ def label_facts(index_files, parts, classes: int) -> dict:
     low = high = None
     counts = np.zeros(0, dtype=np.int64)
     for part in parts:
-        for a in range(0, len(part), BLOCK):
-            block = np.asarray(part[a : a + BLOCK])
+        for _, block in blocks(part):
             h.update(np.ascontiguousarray(block, dtype=np.int64).data)
             lo, hi = int(block.min()), int(block.max())
             low, high = (lo, hi) if low is None else (min(low, lo), max(high, hi))
@@ -157,8 +171,8 @@ def class_order_at(parts, counts, idx) -> np.ndarray:
     seen = np.zeros(len(counts), dtype=np.int64)  # each class's samples in the blocks before
     offset = 0
     for part in parts if len(want) else []:
-        for a in range(0, len(part), BLOCK):
-            block = compact(np.asarray(part[a : a + BLOCK]))
+        for a, block in blocks(part):
+            block = compact(block)
             local = np.argsort(block, kind="stable")  # the block's positions, class by class
             edges = np.searchsorted(block[local], np.arange(len(counts) + 1))
             first, n = edges[:-1], np.diff(edges)  # where each class begins in ``local``, and its samples
