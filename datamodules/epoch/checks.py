@@ -183,8 +183,8 @@ def other_order_rule(state, now: Mapping, position: tuple[int, int, int]) -> str
     return (
         f"the checkpoint stands after {position[2]} samples of epoch {position[0]}, drawn by epoch order rule "
         f"{then!r} (an earlier feedline's), and this feedline draws rule {rule!r}: the same seed gives another "
-        "order, whose rest would repeat samples already read and miss others (finish the epoch with the "
-        "feedline that wrote the checkpoint; data.resume=lenient goes on at the next epoch's start instead)"
+        "order, whose rest would repeat samples already read and miss others (finish the epoch with a "
+        "feedline whose checkpoints record no order_rule, the one that wrote it)"
     )
 
 

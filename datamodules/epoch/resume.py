@@ -181,9 +181,13 @@ class ResumableLoader(DataLoader):
         ``consumed``: the samples of the epoch's order read before (None: ``position``'s batches of this run's
         world and batch size)."""
         if problems and self.mode == "strict":
+            lenient = (
+                "skip the rest of this epoch and go on at the next epoch's start"
+                if skip
+                else "go on where Lightning resumes, in this run's order"
+            )
             raise ResumeError(
-                f"cannot resume the train loader: {'; '.join(problems)}. Or set data.resume=lenient to go on "
-                "where Lightning resumes, in this run's order"
+                f"cannot resume the train loader: {'; '.join(problems)}. Or set data.resume=lenient to {lenient}"
             )
         epoch, batches = position if position is not None else (self.position.epoch, 0)
         if problems and skip:
