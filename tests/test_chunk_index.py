@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from feedline.datasets.shards import meta
-from feedline.datasets.shards.chunks import Chunks
+from feedline.datasets.shards.chunks import ChunkError, Chunks
 from feedline.datasets.shards.source import ShardsSource
 
 CHUNKS = 20_000
@@ -138,3 +138,21 @@ def test_an_entry_the_column_checks_refuse_is_named_as_before(tmp_path, entry, w
     (out / "index.json").write_text(json.dumps(index))
     with pytest.raises(meta.ChunkError, match=words):
         Chunks.of([str(out)])
+
+
+def test_a_passed_check_of_the_chunk_files_is_not_repeated_until_a_chunk_is_removed(tmp_path, monkeypatch):
+    out, sizes = simulated(tmp_path, 40)
+    for c, n in enumerate(sizes.tolist()):
+        with open(out / f"chunk-0-{c}.bin", "wb") as f:
+            f.truncate(4 * (n + 2) + 16 * n)
+    os.utime(out, ns=(1, 1))  # the folder's mtime as of long ago: a removal below moves it for sure
+    Chunks.of([str(out)]).check_files()  # the node's first prepare: one stat per chunk, the pass recorded
+    stats = []
+    size_now = Chunks._size_now
+    monkeypatch.setattr(Chunks, "_size_now", lambda self, c: stats.append(c) or size_now(self, c))
+    Chunks.of([str(out)]).check_files()
+    assert not stats  # the next start: no chunk stat'ed
+    os.remove(out / "chunk-0-7.bin")
+    with pytest.raises(ChunkError, match=r"chunk-0-7\.bin is missing"):
+        Chunks.of([str(out)]).check_files()
+    assert len(stats) == 8  # checked again, in order, up to the missing chunk

@@ -120,6 +120,9 @@ class FolderSource(Source):
         for key, path in self._roots()[1:]:  # a held-out tree with a class root lacks: say so before training
             if path is not None:
                 self._tree_records(self._indexes[self.root], path, key)
+        drawn = (("val", self.val_root, self.val_fraction), ("test", self.test_root, self.test_fraction))
+        for name in ["train"] + [name for name, root, fraction in drawn if fraction and not root]:
+            self.split(name)  # seeded splits drawn and cached here, once per node, not raced for by each rank
 
     def _index(self, path: str, key: str) -> FolderIndex:
         if path not in self._indexes:

@@ -191,7 +191,7 @@ class ShardsSource(Source):
     def _read_dataset(self, path: str, key: str) -> dict:
         store = self._store(path, key)
         parts = dataset_parts(store, key)
-        sidecars = [read_sidecar(store, rel) for rel in parts]
+        sidecars = [read_sidecar(store, rel, cache_dir=self.cache_dir) for rel in parts]
         check_parts(path, key, [store.where(rel) for rel in parts], sidecars)
         classes = check_class_names(sidecars[0]["classes"], f"{key} '{path}'")
         fields = None
@@ -274,7 +274,7 @@ class ShardsSource(Source):
         or uploaded again never reads the chunks cached from the one before (same names, other bytes). Its
         samples are checked against a copy of its labels.npy beside the split cache (mapped, once per node)."""
         if not store.remote:
-            return Chunks.of([store.where(rel) for rel in parts], label_leaf)
+            return Chunks.of([store.where(rel) for rel in parts], label_leaf, cache_dir=self.cache_dir)
         root = self.cache_dir or default_cache_dir()
         version = hashlib.blake2b(json.dumps(sidecars, sort_keys=True, default=str).encode(), digest_size=8)
         for rel in parts:
