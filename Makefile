@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedline-installed
+# make test runs the suite on this many processes (pytest-xdist): one per core of CI's 2
+TEST_PROCESSES ?= 2
 
 .PHONY: install train test docs lint bench peers clean
 
@@ -19,7 +21,7 @@ train: install
 
 # The manual first: a broken link, a missing page or an undocumented option fails before the tests run.
 test: install
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site && $(PY) -m pytest $(ARGS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site && $(PY) -m pytest -n $(TEST_PROCESSES) $(ARGS)
 
 # The manual (docs/, mkdocs.yml) into build/site: open build/site/index.html.
 docs: install

@@ -35,8 +35,9 @@ def test_a_full_disk_under_a_split_cache_says_the_same(tmp_path, monkeypatch):
     from feedline.datasets import cache
     from feedline.datasets.folder.source import FolderSource
 
-    source = FolderSource(simple_tree(tmp_path / "t"), cache_dir=tmp_path / "cache")
-    source.prepare()
+    tree = simple_tree(tmp_path / "t")
+    FolderSource(tree, cache_dir=tmp_path / "cache").prepare()  # the index, and the split of seed 42
+    source = FolderSource(tree, cache_dir=tmp_path / "cache", seed=1)  # a split not drawn yet
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
