@@ -139,6 +139,38 @@ def mosaic_rank(spec: dict) -> dict:
             "first": [int(i) for i in rows[rows >= 0][:8]]}  # fmt: skip
 
 
+def equivalence(samples: int = 10_007, world: int = 8) -> dict:
+    """The lazy orders against their enumeration on a small run, as ``tests/test_lazy_order.py`` checks them:
+    each is a permutation, any position read alone gives the enumeration's row, and every rank's blocks are
+    its share of the whole order's segment (``segment_rows``, ``rank_rows``) from a mid-epoch start."""
+    import numpy as np
+
+    from feedline.datamodules.epoch import sampler as sampler_module
+    from feedline.datamodules.epoch.order import epoch_order, rank_rows, segment_rows
+    from feedline.datamodules.epoch.sampler import EpochSampler
+    from feedline.datasets.shards.order import chunk_order
+
+    bounds = np.append(np.arange(0, samples, 600), samples)
+    orders = {"permutation": epoch_order(samples, 0, 3), "chunk windows": chunk_order(bounds, 4, 0, 3)}
+    checked = {}
+    blocks = sampler_module.FIRST_BLOCK, sampler_module.BLOCK
+    sampler_module.FIRST_BLOCK, sampler_module.BLOCK = 97, 1009  # many blocks over the small run
+    for name, order in orders.items():
+        whole = order.take(np.arange(samples))
+        at = np.random.default_rng(0).integers(0, samples, 1000)
+        ok = np.array_equal(np.sort(whole), np.arange(samples)) and np.array_equal(order.take(at), whole[at])
+        for rank in range(world):
+            sampler = EpochSampler(
+                samples, world, rank, True, 0, False, epoch=3, epoch_order=lambda s, e, o=order: o
+            )
+            sampler.start = samples // 3
+            expected = rank_rows(segment_rows(whole, samples // 3, world, False), rank, world)
+            ok = ok and [row for row, _ in sampler] == expected.tolist()
+        checked[name] = bool(ok)
+    sampler_module.FIRST_BLOCK, sampler_module.BLOCK = blocks
+    return {"samples": samples, "world": world, "equal": checked}
+
+
 def child(spec: dict) -> dict:
     run = {
         "feedline": feedline_rank,
@@ -288,6 +320,15 @@ def main() -> None:
 
     from feedline.diagnostics.results import write_json
 
+    same = equivalence()
+    said = ", ".join(f"{name} {'equal' if ok else 'NOT EQUAL'}" for name, ok in same["equal"].items())
+    print(
+        f"lazy orders against their enumeration on {same['samples']:,} samples, {same['world']} ranks: {said}"
+    )
+    if not all(same["equal"].values()):
+        raise SystemExit(
+            "a lazy order differs from its enumeration: the figures below would be of a wrong order"
+        )
     rows = []
     for samples in args.samples:
         shards = data.ensure_shards(args.data_dir, samples, args.per_chunk)
@@ -307,7 +348,10 @@ def main() -> None:
             print(f"\n## cProfile, shards, {samples:,} samples, rank 0\n\n{spawn(spec)['profile']}")
     print(f"\nworld {args.world}, batch {args.batch_size} per rank, val_fraction {args.val_fraction}\n")
     print(table(rows))
-    write_json(args.json, {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows})
+    write_json(
+        args.json,
+        {"args": {k: v for k, v in vars(args).items() if k != "child"}, "equivalence": same, "rows": rows},
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ STAGES = {"source", "prepare", "setup", "loader", "resume", "first"}
 def test_order_scale_measures_each_rank_and_a_resume_on_another_world(tmp_path):
     printed, result = run_benchmark("order_scale.py", tmp_path, "--quick")
     rows = result["rows"]
+    assert result["equivalence"]["equal"] == {"permutation": True, "chunk windows": True}
+    assert "lazy orders against their enumeration on 10,007 samples, 8 ranks: permutation equal" in printed
     assert "| to first indices (s) |" in printed
     assert {(r["kind"], r["row"].split(",")[0]) for r in rows} == {
         (kind, row)
