@@ -120,6 +120,24 @@ def test_the_recorded_label_facts_are_those_of_a_fresh_read(ds, tmp_path):
     )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="labels.json (shards/labels.py cached_facts) carries no checksum, unlike every other cache file "
+    "(cache.py: 'a file damaged later is found and rebuilt, never trusted'): damaged counts that still parse are "
+    "trusted while the files' stats hold, and a split is drawn with them (class_order_at with counts that are not "
+    "the labels')",
+)
+def test_damaged_counts_in_the_record_of_label_facts_are_not_trusted(ds, tmp_path):
+    expected = _source(ds, tmp_path / "alone")._dataset(str(ds), "source.path")["counts"].tolist()
+    _source(ds, tmp_path / "cache").prepare()
+    (record,) = (tmp_path / "cache" / "shards-labels").glob("*/labels.json")
+    facts = json.loads(record.read_text())
+    facts["counts"][0] += 1  # a damaged digit: the record still parses, the files' stats still match
+    facts["counts"][1] -= 1
+    record.write_text(json.dumps(facts))
+    assert _source(ds, tmp_path / "cache")._dataset(str(ds), "source.path")["counts"].tolist() == expected
+
+
 # -- split row files and their recorded digests --------------------------------------------------------------
 class _Rows(Records):
     def __init__(self, total, subset):
@@ -180,6 +198,27 @@ def test_a_split_cached_before_digests_were_recorded_keeps_its_digest(tmp_path):
             json.loads(paths[part].with_name(paths[part].name + ".sum").read_text())["rows"]["digest"]
             == (before[part])
         )
+
+
+def test_a_split_killed_between_its_rows_and_their_record_is_drawn_again(tmp_path):
+    paths = splits.split_paths(COUNTS, 0.3, 1, tmp_path)
+    splits.split_rows("train", COUNTS, 0.3, 1, tmp_path)
+    os.remove(f"{paths['train']}.sum")  # the rows renamed into place, the writer killed before their record
+    (tmp_path / f".{paths['train'].name}-x.tmp").write_bytes(b"half")  # and another writer's temporary
+    rows = splits.split_rows("train", COUNTS, 0.3, 1, tmp_path)
+    expected = splits.stratified_split(COUNTS, 0.3, 1)[0]
+    assert np.array_equal(rows.array, expected)
+    assert _Rows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), expected)
+
+
+def test_a_garbled_record_of_label_facts_is_read_again(ds, tmp_path):
+    expected = _identity(_source(ds, tmp_path / "alone"))
+    _source(ds, tmp_path / "cache").prepare()
+    (record,) = (tmp_path / "cache" / "shards-labels").glob("*/labels.json")
+    facts = json.loads(record.read_text())
+    record.write_text(json.dumps({**facts, "digest": "0" * 16, "counts": None}))  # not of these files now
+    record.write_text(record.read_text()[:-7])  # and cut short
+    assert _identity(_source(ds, tmp_path / "cache")) == expected
 
 
 def test_an_old_split_cache_out_of_order_is_drawn_again(tmp_path):
