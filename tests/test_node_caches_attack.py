@@ -86,12 +86,6 @@ def _swap_labels_in_place(path) -> tuple[int, int]:
 
 
 # -- labels.npy changed under the node's record of its facts ---------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="labels.json keys a file by (path, size, mtime_ns, inode), not its ctime (the chunk index and the "
-    "sidecar's caches do): labels rewritten in place within one mtime tick keep the old digest and counts, so the "
-    "split is drawn or read back for labels that are no longer there",
-)
 def test_labels_rewritten_in_place_with_their_stat_kept_are_read_again(ds, tmp_path):
     _source(ds, tmp_path / "cache").prepare()  # the node's record of the labels' facts
     _swap_labels_in_place(ds / "labels.npy")
@@ -120,13 +114,6 @@ def test_the_recorded_label_facts_are_those_of_a_fresh_read(ds, tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="labels.json (shards/labels.py cached_facts) carries no checksum, unlike every other cache file "
-    "(cache.py: 'a file damaged later is found and rebuilt, never trusted'): damaged counts that still parse are "
-    "trusted while the files' stats hold, and a split is drawn with them (class_order_at with counts that are not "
-    "the labels')",
-)
 def test_damaged_counts_in_the_record_of_label_facts_are_not_trusted(ds, tmp_path):
     expected = _source(ds, tmp_path / "alone")._dataset(str(ds), "source.path")["counts"].tolist()
     _source(ds, tmp_path / "cache").prepare()
@@ -333,12 +320,6 @@ def test_two_datasets_of_one_base_name_share_a_cache_dir_apart(written, tmp_path
         assert source.split("val").digest() == digests[k]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ShardsSource._label_facts calls cache_path unguarded: a cache directory that cannot be made stops a "
-    "local dataset at start-up, where the chunk index and the sidecar fall back to parsing and cached_facts "
-    "says 'a read-only cache: every start reads the labels, as it did' (before, val_fraction=0 needed no cache)",
-)
 def test_a_cache_dir_that_cannot_be_written_still_reads_a_local_dataset(ds, tmp_path):
     (tmp_path / "a-file").write_text("in the way")
     source = _source(ds, tmp_path / "a-file" / "cache", fraction=0)
@@ -381,12 +362,6 @@ def test_a_worker_unpickling_after_the_cache_was_cleared_and_the_dataset_rewritt
         _read_all(pickle.loads(sent))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Chunks.__setstate__ parses again with chunk_index(directories, part_layouts), without the source's "
-    "cache_dir: a worker writes its index cache under FEEDLINE_CACHE_DIR or ~/.cache/feedline (and is refused there "
-    "when another user owns it), not under source.cache_dir",
-)
 def test_a_worker_unpickling_records_whose_index_cache_was_cleared_keeps_to_source_cache_dir(ds, tmp_path):
     default = tmp_path / "cache"  # FEEDLINE_CACHE_DIR in these tests (conftest)
     records = _source(ds, tmp_path / "own", fraction=0).split("all")

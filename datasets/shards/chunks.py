@@ -199,8 +199,10 @@ class Chunks:
             return
         directories = state["directories"]
         index = load_chunk_index(state["index"])
-        if index is None:  # the cache was cleared meanwhile: read again (a replaced one is refused on open)
-            index = chunk_index(directories, part_layouts)
+        if (
+            index is None
+        ):  # the cache was cleared meanwhile: read again, kept in memory (a replaced dataset is
+            index = chunk_index(directories, part_layouts, cache=False)  # refused on open)
         then = [tuple(state["identity"][d]) for d in directories]  # what the run read, not what is there now
         chunks = self._of_index(directories, index._replace(stats=then), state["labels"], state["label_leaf"])
         self.__dict__.update(chunks.__dict__)

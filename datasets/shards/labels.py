@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from feedline.datasets.cache import write_text
+from feedline.datasets.cache import json_checksum, write_text
 from feedline.datasets.shards.meta import AGAIN, LABELS, SIDECAR, as_store, join
 
 
@@ -119,11 +119,12 @@ def label_facts(index_files, parts, classes: int) -> dict:
 
 
 def file_stamps(paths) -> list[list]:
-    """(path, size, mtime_ns, inode) of each file: what tells a file read before from one changed since."""
+    """(path, size, mtime_ns, inode, ctime_ns) of each file: what tells a file read before from one changed
+    since (ctime: a file rewritten in place with its size and mtime put back still moves it)."""
     stamps = []
     for path in paths:
         st = os.stat(path)
-        stamps.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino])
+        stamps.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns])
     return stamps
 
 
@@ -135,13 +136,18 @@ def cached_facts(record_path, paths, compute, classes: int) -> dict:
     try:
         with open(record_path, encoding="utf-8") as f:
             record = json.load(f)
-        if record.get("files") == stamps and (record["counts"] is not None or not _in_range(record, classes)):
-            return record
+        if (
+            record.get("files") == stamps
+            and record.get("checksum") == json_checksum(record)
+            and (record["counts"] is not None or not _in_range(record, classes))
+        ):
+            return {k: v for k, v in record.items() if k != "checksum"}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # none yet, or unreadable: computed again
     facts = compute()
     with contextlib.suppress(OSError):  # a read-only cache: every start reads the labels, as it did
-        write_text(record_path, json.dumps({"files": stamps, **facts}))
+        record = {"files": stamps, **facts}
+        write_text(record_path, json.dumps({**record, "checksum": json_checksum(record)}))
     return facts
 
 
@@ -183,4 +189,10 @@ def class_order_at(parts, counts, idx) -> np.ndarray:
                 out[sorter[lo[c] : hi[c]]] = local[at] + offset + a
             seen += n
         offset += len(part)
+    if len(want) and not np.array_equal(seen, counts):  # counts that do not describe these labels
+        raise ValueError(
+            f"the labels hold {seen.tolist()[:10]}... samples per class, the split was to be drawn for "
+            f"{counts.tolist()[:10]}...: a labels.npy changed while it was read, or its recorded counts are "
+            f"damaged; run again (the counts are then read anew)"
+        )
     return out

@@ -46,6 +46,7 @@ from feedline.datasets.splits import (
     split_rows,
     subset_for,
 )
+from feedline.storage.cache_trust import UntrustedCacheError
 from feedline.storage.chunk_cache import ChunkCache
 from feedline.storage.sizes import describe, parse_bytes
 from feedline.storage.stores import LocalStore, S3Store, is_url
@@ -252,7 +253,12 @@ class ShardsSource(Source):
 
         if store.remote:
             return compute()
-        record = cache_path("shards-labels", _basename(path), [path], self.cache_dir) / "labels.json"
+        try:
+            record = cache_path("shards-labels", _basename(path), [path], self.cache_dir) / "labels.json"
+        except UntrustedCacheError:
+            raise
+        except OSError:  # a cache directory that cannot be made: every start reads the labels, as it did
+            return compute()
         files = [store.where(name) for name in names] + [store.where(join(rel, LABELS)) for rel in parts]
         return cached_facts(record, files, compute, classes)
 
@@ -390,7 +396,12 @@ class ShardsSource(Source):
         def order(idx: np.ndarray) -> np.ndarray:  # argsort(labels, kind="stable")[idx], a block at a time
             return class_order_at(dataset["labels"], counts, idx)
 
-        cache = cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
+        drawn = name != "all" and (name != "train" or self.val_fraction or self.test_fraction)
+        cache = (  # no split drawn (every row): no cache to make
+            cache_path("shards", _basename(path), [path, dataset["identity"]], self.cache_dir)
+            if drawn
+            else None
+        )
         extra = (strata,) if rows is subset_for else ()
         return rows(name, counts, self.val_fraction, self.seed, cache, order, self.test_fraction, *extra)
 
