@@ -16,6 +16,8 @@ import time
 import numpy as np
 from PIL import Image
 
+from feedline.datasets.records import Records
+
 _FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".webp": "WEBP", ".tif": "TIFF"}
 
 
@@ -143,3 +145,15 @@ def running_beside(process: subprocess.Popen):
         yield lambda: finish(process)
     finally:
         stop_session(process)
+
+
+class SplitRows(Records):
+    """Records of ``total`` rows holding ``subset`` (a split's row array): what ``Records.digest`` reads."""
+
+    def __init__(self, total: int, subset):
+        super().__init__(subset)
+        self._total = total
+
+    @property
+    def total(self) -> int:
+        return self._total

@@ -19,12 +19,11 @@ from feedline.datamodules.bad_samples import BadSamples
 from feedline.datasets import splits
 from feedline.datasets.cache import json_checksum, save_array
 from feedline.datasets.folder.index import IMG_EXTENSIONS, index_dir, open_index
-from feedline.datasets.records import Records
 from feedline.datasets.shards.chunks import ChunkError
 from feedline.datasets.shards.labels import label_facts
 from feedline.datasets.shards.source import ShardsSource
 from feedline.storage.cache_trust import UntrustedCacheError
-from tests.helpers import simple_tree
+from tests.helpers import SplitRows, simple_tree
 
 
 def _convert(tmp, name: str, classes: int, per_class: int):
@@ -126,16 +125,6 @@ def test_damaged_counts_in_the_record_of_label_facts_are_not_trusted(ds, tmp_pat
 
 
 # -- split row files and their recorded digests --------------------------------------------------------------
-class _Rows(Records):
-    def __init__(self, total, subset):
-        super().__init__(subset)
-        self._total = total
-
-    @property
-    def total(self):
-        return self._total
-
-
 def _digest_as_before(total: int, rows) -> str:
     """``Records.digest`` as it was computed before digests were recorded: what checkpoints hold."""
     h = hashlib.blake2b(str(total).encode(), digest_size=8)
@@ -155,7 +144,7 @@ def test_a_split_row_file_replaced_by_another_valid_split_is_drawn_again(tmp_pat
     rows = splits.split_rows("train", COUNTS, 0.3, 1, here)
     expected = splits.stratified_split(COUNTS, 0.3, 1)[0]
     assert np.array_equal(rows.array, expected)
-    assert _Rows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), expected)
+    assert SplitRows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), expected)
 
 
 def test_a_split_copied_with_its_record_reports_the_digest_of_the_rows_it_serves(tmp_path):
@@ -168,7 +157,7 @@ def test_a_split_copied_with_its_record_reports_the_digest_of_the_rows_it_serves
     for suffix in ("", ".sum"):
         shutil.copy(f"{other}{suffix}", f"{own}{suffix}")
     rows = splits.split_rows("train", COUNTS, 0.3, 1, here)
-    assert _Rows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), rows.array)
+    assert SplitRows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), rows.array)
 
 
 def test_a_split_cached_before_digests_were_recorded_keeps_its_digest(tmp_path):
@@ -180,7 +169,7 @@ def test_a_split_cached_before_digests_were_recorded_keeps_its_digest(tmp_path):
     before = {part: _digest_as_before(total, rows) for part, rows in zip(splits.PARTS, drawn)}
     for part in splits.PARTS:
         rows = splits.split_rows(part, COUNTS, 0.3, 1, tmp_path, test_fraction=0.2)
-        assert _Rows(total, rows).digest() == before[part]  # what a checkpoint written before holds
+        assert SplitRows(total, rows).digest() == before[part]  # what a checkpoint written before holds
         assert (
             json.loads(paths[part].with_name(paths[part].name + ".sum").read_text())["rows"]["digest"]
             == (before[part])
@@ -195,7 +184,7 @@ def test_a_split_killed_between_its_rows_and_their_record_is_drawn_again(tmp_pat
     rows = splits.split_rows("train", COUNTS, 0.3, 1, tmp_path)
     expected = splits.stratified_split(COUNTS, 0.3, 1)[0]
     assert np.array_equal(rows.array, expected)
-    assert _Rows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), expected)
+    assert SplitRows(int(COUNTS.sum()), rows).digest() == _digest_as_before(int(COUNTS.sum()), expected)
 
 
 def test_a_garbled_record_of_label_facts_is_read_again(ds, tmp_path):

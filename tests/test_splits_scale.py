@@ -13,10 +13,10 @@ import pytest
 
 from feedline.datasets import splits
 from feedline.datasets.arrays import InMemoryArray
-from feedline.datasets.records import Records
 from feedline.datasets.shards import labels as shard_labels
 from feedline.datasets.shards import source as shards_source
 from feedline.datasets.shards.source import ShardsSource
+from tests.helpers import SplitRows
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import order_scale_data  # noqa: E402 - a simulated shards dataset (sparse chunks, real labels)
@@ -48,16 +48,6 @@ def _split_as_drawn_before(counts, fraction, seed, order=None, test_fraction=0.0
     return np.flatnonzero(mask).astype(np.int64), held[0], held[1]
 
 
-class _Rows(Records):
-    def __init__(self, total, subset):
-        super().__init__(subset)
-        self._total = total
-
-    @property
-    def total(self):
-        return self._total
-
-
 def _labels(n=3000, classes=7, seed=3):
     return np.random.default_rng(seed).integers(0, classes, n)
 
@@ -78,9 +68,9 @@ def test_the_split_drawn_a_block_at_a_time_is_the_split_drawn_before(monkeypatch
         lazy = lambda idx: shard_labels.class_order_at([labels[:1000], labels[1000:]], counts, idx)  # noqa: E731
         rows = splits.split_rows(name, counts, 0.2, 5, tmp_path, lazy, test_fraction)
         assert np.array_equal(rows.array, before[k])
-        plain = _Rows(len(labels), InMemoryArray(before[k]))
+        plain = SplitRows(len(labels), InMemoryArray(before[k]))
         assert (
-            _Rows(len(labels), rows).digest() == plain.digest()
+            SplitRows(len(labels), rows).digest() == plain.digest()
         )  # the digest recorded as the file was written
 
 
@@ -90,7 +80,7 @@ def test_a_cached_split_is_read_back_without_sorting_checking_or_digesting_its_r
     drawn = splits.split_rows(
         "train", counts, 0.25, 1, tmp_path, lambda idx: np.argsort(labels, kind="stable")[idx]
     )
-    digest = _Rows(len(labels), drawn).digest()
+    digest = SplitRows(len(labels), drawn).digest()
 
     def never(*args, **kwargs):
         raise AssertionError("a cached split was sorted, drawn or read whole")
@@ -109,7 +99,7 @@ def test_a_cached_split_is_read_back_without_sorting_checking_or_digesting_its_r
         def array(self):
             raise AssertionError("the digest read the rows")
 
-    assert _Rows(len(labels), Unread()).digest() == digest
+    assert SplitRows(len(labels), Unread()).digest() == digest
 
 
 def test_a_split_cached_before_its_record_held_a_digest_is_checked_once_and_keeps_its_digest(tmp_path):
@@ -124,8 +114,8 @@ def test_a_split_cached_before_its_record_held_a_digest_is_checked_once_and_keep
     record = json.loads(paths["train"].with_name(paths["train"].name + ".sum").read_text())
     assert record["rows"]["total"] == len(labels)
     assert (
-        _Rows(len(labels), rows).digest()
-        == _Rows(len(labels), InMemoryArray(np.load(paths["train"]))).digest()
+        SplitRows(len(labels), rows).digest()
+        == SplitRows(len(labels), InMemoryArray(np.load(paths["train"]))).digest()
     )
 
 
